@@ -1,0 +1,143 @@
+"""The transport wrapper: every service talks to NATS through :class:`Bus`.
+
+It encodes/decodes typed messages, turns handler exceptions into typed error
+replies (and error replies back into :class:`ServiceError`), and carries W3C
+trace context in NATS headers on every publish and request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, TypeVar
+
+import msgspec
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from . import codec, errors, tracing
+from .errors import ServiceError
+from .messages import Base, ErrorInfo
+
+T = TypeVar("T")
+Handler = Callable[[Any], Awaitable[Base | None]]
+
+log = logging.getLogger("radixmesh.bus")
+
+_STATUS_HEADER = "Rm-Status"
+
+
+class Bus:
+    """A connected NATS client with typed, traced request/reply and pub/sub."""
+
+    def __init__(self, nc: Client, name: str) -> None:
+        self.nc = nc
+        self.name = name
+        self._tasks: set[asyncio.Task] = set()
+
+    @classmethod
+    async def connect(cls, url: str, name: str, connect_timeout: float = 5.0) -> "Bus":
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error (%s): %s", name, exc)
+
+        nc = await nats.connect(
+            servers=[url],
+            name=name,
+            connect_timeout=connect_timeout,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=on_error,
+        )
+        return cls(nc, name)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if not self.nc.is_closed:
+            try:
+                await self.nc.drain()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                await self.nc.close()
+
+    async def publish(self, subject: str, msg: Base) -> None:
+        with tracing.producer_span(subject, "publish"):
+            headers = tracing.inject_headers()
+            await self.nc.publish(subject, codec.encode(msg), headers=headers or None)
+
+    async def request(self, subject: str, msg: Base, reply_type: type[T], timeout: float = 5.0) -> T:
+        """Send ``msg`` and decode the reply; raises ServiceError on any failure."""
+        with tracing.producer_span(subject, "send"):
+            headers = tracing.inject_headers()
+            try:
+                reply = await self.nc.request(
+                    subject, codec.encode(msg), timeout=timeout, headers=headers or None
+                )
+            except NoRespondersError:
+                raise errors.unavailable(f"no service is listening on {subject}") from None
+            except NatsTimeout:
+                raise errors.timeout(f"no reply on {subject} within {timeout:.1f}s") from None
+        return _decode_reply(reply, reply_type)
+
+    async def subscribe(
+        self,
+        subject: str,
+        handler: Handler,
+        msg_type: Any,
+        queue: str = "",
+        concurrent: bool = False,
+    ) -> Subscription:
+        """Call ``handler(decoded)`` per message; a returned Struct is the reply.
+
+        Messages of one subscription are handled in order unless ``concurrent``.
+        """
+
+        async def on_msg(raw: Msg) -> None:
+            if concurrent:
+                task = asyncio.create_task(self._handle(raw, handler, msg_type))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                await self._handle(raw, handler, msg_type)
+
+        return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+
+    async def _handle(self, raw: Msg, handler: Handler, msg_type: Any) -> None:
+        with tracing.consumer_span(raw.subject, raw.headers):
+            try:
+                msg = codec.decode(raw.data, msg_type)
+                result = await handler(msg)
+            except ServiceError as exc:
+                await self._reply_error(raw, exc.info())
+                return
+            except msgspec.ValidationError as exc:
+                await self._reply_error(raw, errors.invalid_request(f"bad message: {exc}").info())
+                return
+            except msgspec.DecodeError as exc:
+                await self._reply_error(raw, errors.invalid_request(f"undecodable: {exc}").info())
+                return
+            except Exception as exc:  # noqa: BLE001 - every failure gets a typed reply
+                log.exception("handler for %s failed", raw.subject)
+                await self._reply_error(raw, errors.internal(f"{type(exc).__name__}: {exc}").info())
+                return
+            if raw.reply and result is not None:
+                await self.nc.publish(raw.reply, codec.encode(result))
+
+    async def _reply_error(self, raw: Msg, info: ErrorInfo) -> None:
+        if not raw.reply:
+            log.warning("dropped %s: %s", raw.subject, info.message)
+            return
+        await self.nc.publish(raw.reply, codec.encode(info), headers={_STATUS_HEADER: "error"})
+
+
+def _decode_reply(reply: Msg, reply_type: type[T]) -> T:
+    if reply.headers and reply.headers.get(_STATUS_HEADER) == "error":
+        raise ServiceError.from_info(codec.decode(reply.data, ErrorInfo))
+    try:
+        return codec.decode(reply.data, reply_type)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise errors.internal(f"malformed reply on {reply.subject}: {exc}") from None

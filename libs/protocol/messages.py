@@ -1,0 +1,303 @@
+"""Every message on the bus, as typed msgspec Structs (msgpack on the wire).
+
+Versioning: each top-level message carries a tag ``<name>.v<N>``; a breaking
+change adds a new Struct with the next version instead of editing the old one.
+Token-level payloads are batched per step: one message carries every request
+of a batch.
+
+Request path (subjects in :mod:`libs.protocol.subjects`)::
+
+    gateway --EncodeRequest--> tokenizer.encode      (reply EncodeReply)
+    gateway --RouteRequest---> index.route           (reply RouteReply)
+    gateway --SubmitRequest--> sched.<w>.submit      (reply SubmitReply)
+    scheduler --ForwardBatch--> worker.<w>.forward   (reply ForwardResult), per step
+    scheduler --DetokBatch----> tokenizer.detok.<t>  one per step per tokenizer
+    tokenizer --GatewayBatch--> gw.<g>.out           one per batch per gateway
+    tokenizer --AbortRequest--> sched.<w>.abort      when a stop string matched
+    gateway   --AbortRequest--> sched.<w>.abort      when the client went away
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """Base of all messages: keyword-only fields, unknown fields ignored."""
+
+
+# -- errors -----------------------------------------------------------------
+
+
+class ErrorInfo(Base, tag="error.v1"):
+    """A typed error: ``code`` is machine readable, ``status`` the HTTP status."""
+
+    code: str
+    message: str
+    status: int = 500
+
+
+# -- health -----------------------------------------------------------------
+
+
+class Ping(Base, tag="ping.v1"):
+    pass
+
+
+class Pong(Base, tag="pong.v1"):
+    service: str
+    instance: str
+    uptime_s: float
+    detail: dict[str, str] = {}
+
+
+# -- tokenizer --------------------------------------------------------------
+
+
+class ChatMessage(Base):
+    role: str
+    content: str
+
+
+class SamplingParams(Base):
+    """Sampling parameters of one request; ``max_new_tokens`` is resolved."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: whole vocabulary
+    seed: int | None = None
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+
+class EncodeRequest(Base, tag="encode.v1"):
+    """Tokenize one prompt (exactly one of text / messages / input_ids).
+
+    The replying tokenizer instance also opens the request's detokenizer state
+    (stop strings, destination gateway) and names its subject in the reply.
+    ``max_new_tokens`` None means "up to the context length".
+    """
+
+    rid: str
+    gateway: str
+    text: str | None = None
+    messages: list[ChatMessage] | None = None
+    input_ids: list[int] | None = None
+    add_generation_prompt: bool = True
+    max_new_tokens: int | None = None
+    stop: list[str] = []
+    skip_special_tokens: bool = True
+
+
+class EncodeReply(Base, tag="encode_reply.v1"):
+    input_ids: list[int]
+    max_new_tokens: int
+    detok_instance: str
+    max_model_len: int
+
+
+class DetokRelease(Base, tag="detok_release.v1"):
+    """Drop detokenizer state of requests that never reached a scheduler."""
+
+    rids: list[str]
+
+
+# -- cache index ------------------------------------------------------------
+
+
+class RouteRequest(Base, tag="route.v1"):
+    rid: str
+    model: str
+    num_tokens: int
+    exclude: list[str] = []
+
+
+class RouteReply(Base, tag="route_reply.v1"):
+    worker_id: str
+    policy: str
+
+
+class ReleaseRequest(Base, tag="release.v1"):
+    """A routed request finished or failed: drop its in-flight booking."""
+
+    rid: str
+    worker_id: str
+
+
+class LoadReport(Base, tag="load.v1"):
+    """Published by a scheduler for each worker it drives, periodically."""
+
+    worker_id: str
+    scheduler_id: str
+    model: str
+    running: int
+    waiting: int
+    free_slots: int
+    total_slots: int
+    max_model_len: int
+    ts: float
+
+
+class WorkerSummary(Base):
+    worker_id: str
+    scheduler_id: str
+    model: str
+    running: int
+    waiting: int
+    free_slots: int
+    total_slots: int
+    inflight: int
+    age_s: float
+
+
+class WorkersRequest(Base, tag="workers.v1"):
+    pass
+
+
+class WorkersReply(Base, tag="workers_reply.v1"):
+    workers: list[WorkerSummary]
+
+
+# -- scheduler --------------------------------------------------------------
+
+
+class SubmitRequest(Base, tag="submit.v1"):
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    detok_instance: str
+
+
+class SubmitReply(Base, tag="submit_reply.v1"):
+    queue_position: int
+
+
+class AbortRequest(Base, tag="abort.v1"):
+    rid: str
+    reason: str = "abort"
+
+
+class TokenDelta(Base, array_like=True):
+    """New tokens of one request in one step; finish_reason set on its last."""
+
+    rid: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    error: ErrorInfo | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class DetokBatch(Base, tag="detok.v1"):
+    """Scheduler -> tokenizer instance: every delta of one step for it."""
+
+    worker_id: str
+    step: int
+    items: list[TokenDelta]
+
+
+class SchedStatsRequest(Base, tag="sched_stats.v1"):
+    pass
+
+
+class SchedStats(Base, tag="sched_stats_reply.v1"):
+    """Counters of one scheduler loop (one worker), for tests and tooling."""
+
+    worker_id: str
+    steps: int
+    running: int
+    waiting: int
+    free_slots: int
+    max_batch_size: int
+    batch_size_hist: dict[int, int]
+    tokens_generated: int
+    requests_finished: int
+
+
+# -- gateway ----------------------------------------------------------------
+
+
+class Usage(Base, array_like=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class TextDelta(Base, array_like=True):
+    rid: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    error: ErrorInfo | None = None
+    usage: Usage | None = None
+
+
+class GatewayBatch(Base, tag="gw_out.v1"):
+    items: list[TextDelta]
+
+
+# -- gpu worker -------------------------------------------------------------
+
+
+class WorkerInfo(Base, tag="worker_info.v1"):
+    worker_id: str
+    model: str
+    kv_slots: int
+    max_requests: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    dtype: str
+    adopted_by: str | None = None
+    epoch: int = 0
+
+
+class AdoptRequest(Base, tag="adopt.v1"):
+    scheduler_id: str
+    lease_s: float
+
+
+class LeaseRenew(Base, tag="lease.v1"):
+    scheduler_id: str
+
+
+class NewRow(Base, array_like=True):
+    """A request entering a table row on the worker: its sampling state."""
+
+    row: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+
+
+class ForwardBatch(Base, tag="forward.v1"):
+    """One step. Arrays are parallel per request, in batch order.
+
+    Request i owns table row ``rows[i]``; it already has ``prefix_lens[i]``
+    tokens in KV and adds ``extend_lens[i]`` tokens whose ids and KV slots are
+    the i-th run of ``input_ids`` / ``out_slots``. The worker keeps the
+    row -> slots table itself, so only new slots cross the wire.
+    """
+
+    step: int
+    new_rows: list[NewRow]
+    rows: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    input_ids: list[int]
+    out_slots: list[int]
+
+
+class ForwardResult(Base, tag="forward_result.v1"):
+    step: int
+    next_token_ids: list[int]
+    forward_ms: float

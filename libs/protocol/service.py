@@ -1,0 +1,106 @@
+"""What every service process shares: config from flags/env, bus, ping, SIGTERM.
+
+A service is an async context manager; ``run_service`` connects the bus,
+answers health pings on ``<prefix>.ping.<service>``, and waits until SIGTERM or
+SIGINT sets the stop event, then closes everything in reverse order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import time
+import uuid
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from .bus import Bus
+from .messages import Ping, Pong
+from .subjects import Subjects
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+@dataclass(frozen=True)
+class CommonConfig:
+    nats_url: str
+    subject_prefix: str
+    instance: str
+    log_level: str
+
+    @property
+    def subjects(self) -> Subjects:
+        return Subjects(self.subject_prefix)
+
+
+def add_common_args(parser: argparse.ArgumentParser, service: str) -> None:
+    env = os.environ.get
+    parser.add_argument("--nats-url", default=env("NATS_URL", DEFAULT_NATS_URL))
+    parser.add_argument(
+        "--subject-prefix", default=env("RADIXMESH_SUBJECT_PREFIX", "rm"),
+        help="prefix of every NATS subject (lets several stacks share a broker)",
+    )
+    parser.add_argument(
+        "--instance", default=env("RADIXMESH_INSTANCE") or f"{service}-{uuid.uuid4().hex[:8]}",
+        help="unique id of this process",
+    )
+    parser.add_argument("--log-level", default=env("RADIXMESH_LOG_LEVEL", "INFO"))
+
+
+def common_config(args: argparse.Namespace) -> CommonConfig:
+    return CommonConfig(args.nats_url, args.subject_prefix, args.instance, args.log_level)
+
+
+def setup_logging(service: str, level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@dataclass
+class ServiceContext:
+    """Handed to a service body: the bus, the config and the stop event."""
+
+    service: str
+    config: CommonConfig
+    bus: Bus
+    stop: asyncio.Event
+    stack: AsyncExitStack
+    detail: dict[str, str] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def subjects(self) -> Subjects:
+        return self.config.subjects
+
+
+Body = Callable[[ServiceContext], Awaitable[None]]
+
+
+async def run_service(service: str, config: CommonConfig, body: Body) -> None:
+    """Connect, start ``body`` (which registers its handlers), serve until stopped."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with AsyncExitStack() as stack:
+        bus = await Bus.connect(config.nats_url, f"{service}:{config.instance}")
+        stack.push_async_callback(bus.close)
+        ctx = ServiceContext(service, config, bus, stop, stack)
+
+        async def on_ping(_: Ping) -> Pong:
+            return Pong(
+                service=service, instance=config.instance,
+                uptime_s=time.monotonic() - ctx.started, detail=ctx.detail,
+            )
+
+        await body(ctx)
+        await bus.subscribe(config.subjects.ping(service), on_ping, Ping)
+        logging.getLogger(service).info("%s %s ready", service, config.instance)
+        await stop.wait()
+        logging.getLogger(service).info("%s %s stopping", service, config.instance)

@@ -1,0 +1,3 @@
+"""radixmesh: a distributed LLM serving system over NATS."""
+
+__version__ = "0.1.0"
