@@ -1,0 +1,1 @@
+"""Global view of workers: liveness, load, in-flight bookings, routing decisions."""

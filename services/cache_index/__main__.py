@@ -1,0 +1,33 @@
+"""python -m services.cache_index: worker registry and request routing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from libs.protocol.service import (
+    ServiceContext, add_common_args, common_config, run_service, setup_logging,
+)
+
+from .policies import POLICIES
+from .registry import Registry
+from .service import CacheIndex
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="services.cache_index", description=__doc__)
+    add_common_args(p, "cache_index")
+    p.add_argument("--policy", choices=sorted(POLICIES), default="least_load")
+    p.add_argument("--liveness-s", type=float, default=3.0,
+                   help="a worker without a load report for this long leaves the routing set")
+    args = p.parse_args(argv)
+    setup_logging("cache_index", args.log_level)
+
+    async def body(ctx: ServiceContext) -> None:
+        await CacheIndex(ctx, args.policy, Registry(liveness_s=args.liveness_s)).start()
+
+    asyncio.run(run_service("cache_index", common_config(args), body))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Per-worker scheduling: KV slot bookkeeping, queues, continuous batching."""

@@ -1,0 +1,57 @@
+"""python -m services.scheduler: adopt gpu workers and schedule their batches."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from libs.protocol.service import (
+    ServiceContext, add_common_args, common_config, run_service, setup_logging,
+)
+
+from .batcher import BatcherConfig
+from .service import Scheduler, SchedulerConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="services.scheduler", description=__doc__)
+    add_common_args(p, "scheduler")
+    p.add_argument("--max-running-requests", type=int,
+                   default=int(env("RADIXMESH_MAX_RUNNING_REQUESTS", "256")))
+    p.add_argument("--max-queued-requests", type=int,
+                   default=int(env("RADIXMESH_MAX_QUEUED_REQUESTS", "4096")))
+    p.add_argument("--max-prefill-tokens", type=int, default=8192,
+                   help="prompt tokens admitted per step (a longer prompt runs alone)")
+    p.add_argument("--max-workers", type=int, default=0, help="0: adopt every free worker")
+    p.add_argument("--lease-s", type=float, default=5.0)
+    p.add_argument("--forward-timeout", type=float, default=300.0)
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> SchedulerConfig:
+    return SchedulerConfig(
+        batcher=BatcherConfig(
+            max_running_requests=args.max_running_requests,
+            max_queued_requests=args.max_queued_requests,
+            max_prefill_tokens=args.max_prefill_tokens,
+        ),
+        max_workers=args.max_workers, lease_s=args.lease_s,
+        forward_timeout=args.forward_timeout,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging("scheduler", args.log_level)
+    config = build_config(args)
+
+    async def body(ctx: ServiceContext) -> None:
+        await Scheduler(ctx, config).start()
+
+    asyncio.run(run_service("scheduler", common_config(args), body))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""One adopted worker: its loop, lease renewal, load reports and subscriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from libs.protocol import Bus, Subjects
+from libs.protocol.messages import (
+    AbortRequest, ErrorInfo, LeaseRenew, LoadReport, SchedStats, SchedStatsRequest,
+    SubmitReply, SubmitRequest, WorkerInfo,
+)
+
+from .batcher import Batcher, BatcherConfig
+from .request import Req
+from .worker_loop import WorkerLoop, WorkerLost
+
+log = logging.getLogger("scheduler.session")
+
+LOAD_INTERVAL_S = 0.5
+
+
+class WorkerSession:
+    def __init__(self, bus: Bus, subjects: Subjects, scheduler_id: str, info: WorkerInfo,
+                 config: BatcherConfig, lease_s: float, forward_timeout: float) -> None:
+        self.bus = bus
+        self.subjects = subjects
+        self.scheduler_id = scheduler_id
+        self.info = info
+        self.lease_s = lease_s
+        self.loop = WorkerLoop(bus, subjects, Batcher(info, config), forward_timeout)
+        self.last_seen = time.monotonic()
+        self.closed = asyncio.Event()
+        self._subs: list = []
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def worker_id(self) -> str:
+        return self.info.worker_id
+
+    async def start(self) -> None:
+        s, w = self.subjects, self.worker_id
+        self._subs = [
+            await self.bus.subscribe(s.sched_submit(w), self._on_submit, SubmitRequest),
+            await self.bus.subscribe(s.sched_abort(w), self._on_abort, AbortRequest),
+            await self.bus.subscribe(s.sched_stats(w), self._on_stats, SchedStatsRequest),
+        ]
+        self._tasks = [
+            asyncio.create_task(self._run_loop()),
+            asyncio.create_task(self._renew_lease()),
+            asyncio.create_task(self._report_load()),
+        ]
+        log.info("driving worker %s (%d KV slots)", w, self.info.kv_slots)
+
+    async def close(self, reason: str) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        log.warning("releasing worker %s: %s", self.worker_id, reason)
+        self.loop.stop()
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        self.loop.fail_all(ErrorInfo(code="worker_lost", status=503,
+                                     message=f"worker {self.worker_id} lost: {reason}"))
+        await self.loop.flush()
+
+    # -- handlers -------------------------------------------------------------
+
+    async def _on_submit(self, msg: SubmitRequest) -> SubmitReply:
+        req = Req(rid=msg.rid, input_ids=msg.input_ids, sampling=msg.sampling,
+                  detok_instance=msg.detok_instance)
+        return SubmitReply(queue_position=self.loop.submit(req))
+
+    async def _on_abort(self, msg: AbortRequest) -> None:
+        self.loop.abort(msg.rid, msg.reason)
+
+    async def _on_stats(self, _: SchedStatsRequest) -> SchedStats:
+        return self.loop.batcher.stats()
+
+    # -- background tasks ------------------------------------------------------
+
+    async def _run_loop(self) -> None:
+        try:
+            await self.loop.run()
+        except WorkerLost as exc:
+            await self.close(f"step failed: {exc}")
+
+    async def _renew_lease(self) -> None:
+        subject = self.subjects.worker_lease(self.worker_id)
+        while True:
+            await self.bus.publish(subject, LeaseRenew(scheduler_id=self.scheduler_id))
+            await asyncio.sleep(self.lease_s / 5)
+
+    async def _report_load(self) -> None:
+        subject = self.subjects.index_load(self.worker_id)
+        batcher = self.loop.batcher
+        while True:
+            await self.bus.publish(subject, LoadReport(
+                worker_id=self.worker_id, scheduler_id=self.scheduler_id, model=self.info.model,
+                running=len(batcher.running), waiting=len(batcher.waiting),
+                free_slots=batcher.slots.num_free, total_slots=self.info.kv_slots,
+                max_model_len=self.info.max_model_len, ts=time.time(),
+            ))
+            await asyncio.sleep(LOAD_INTERVAL_S)

@@ -1,0 +1,91 @@
+"""The step loop of one worker: batch, forward over the bus, publish deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+
+from libs.protocol import Bus, ServiceError, Subjects
+from libs.protocol.messages import DetokBatch, ErrorInfo, ForwardResult
+
+from .batcher import Batcher
+from .request import Req
+
+log = logging.getLogger("scheduler.loop")
+
+
+class WorkerLost(Exception):
+    pass
+
+
+class WorkerLoop:
+    """Drives one worker until stopped or until the worker fails a step."""
+
+    def __init__(self, bus: Bus, subjects: Subjects, batcher: Batcher,
+                 forward_timeout: float = 300.0) -> None:
+        self.bus = bus
+        self.subjects = subjects
+        self.batcher = batcher
+        self.worker_id = batcher.info.worker_id
+        self.forward_timeout = forward_timeout
+        self._wake = asyncio.Event()
+        self._stopped = False
+
+    def submit(self, req: Req) -> int:
+        position = self.batcher.submit(req)
+        self._wake.set()
+        return position
+
+    def abort(self, rid: str, reason: str) -> None:
+        if self.batcher.abort(rid, reason):
+            self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Step until stopped; raises WorkerLost after failing every request."""
+        forward = self.subjects.worker_forward(self.worker_id)
+        while not self._stopped:
+            await self.flush()
+            if not self.batcher.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = self.batcher.next_batch()
+            if batch is None:
+                await asyncio.sleep(0.005)
+                continue
+            try:
+                result = await self.bus.request(
+                    forward, batch, ForwardResult, timeout=self.forward_timeout
+                )
+                self.batcher.complete(result)
+            except ServiceError as exc:
+                log.error("worker %s failed step %d: %s", self.worker_id, batch.step, exc)
+                self.fail_all(ErrorInfo(
+                    code="worker_failed", status=503,
+                    message=f"worker {self.worker_id} failed: {exc.message}",
+                ))
+                await self.flush()
+                raise WorkerLost(str(exc)) from exc
+
+    def fail_all(self, error: ErrorInfo) -> None:
+        self.batcher.fail_all(error)
+
+    async def flush(self) -> None:
+        """Publish this step's deltas: one DetokBatch per tokenizer instance."""
+        deltas = self.batcher.take_deltas()
+        if not deltas:
+            return
+        groups: dict[str, list] = defaultdict(list)
+        for instance, delta in deltas:
+            groups[instance].append(delta)
+        step = self.batcher.steps
+        for instance, items in groups.items():
+            await self.bus.publish(
+                self.subjects.tokenizer_detok(instance),
+                DetokBatch(worker_id=self.worker_id, step=step, items=items),
+            )
