@@ -270,13 +270,15 @@ class LeaseRenew(Base, tag="lease.v1"):
 
 
 class NewRow(Base, array_like=True):
-    """A request entering a table row on the worker: its sampling state."""
+    """A request entering a table row: its sampling state and, when it starts
+    from cached KV, the slots of that prefix (table[row, :len(prefix_slots)])."""
 
     row: int
     temperature: float
     top_p: float
     top_k: int
     seed: int
+    prefix_slots: list[int] = []
 
 
 class ForwardBatch(Base, tag="forward.v1"):

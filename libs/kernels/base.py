@@ -1,0 +1,71 @@
+"""The interface every attention backend implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .kv_pool import KVPool
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """One step's layout, shared by every layer.
+
+    Request ``i`` owns row ``rows[i]`` of ``slot_table`` (the worker's
+    [max_requests, max_len] row -> slot table, already holding this step's new
+    slots), has ``prefix_lens[i]`` tokens cached and adds ``extend_lens[i]``
+    tokens: the i-th run of the flattened [T] token axis::
+
+        tokens  | req0: extend_lens[0] | req1: extend_lens[1] | ...
+        slots   | table[row0, prefix0 : prefix0 + extend0]   | ...
+
+    ``prefix_lens`` / ``extend_lens`` are host arrays (int64, numpy) so that
+    preparing a step never syncs with the device.
+    """
+
+    rows: torch.Tensor  # [B] int64, device
+    prefix_lens: np.ndarray  # [B] int64, host
+    extend_lens: np.ndarray  # [B] int64, host
+    out_slots: torch.Tensor  # [T] int64, device: where the new tokens' K/V go
+    slot_table: torch.Tensor  # [max_requests, max_len] int64, device
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        return self.prefix_lens + self.extend_lens
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.extend_lens.sum())
+
+
+class AttentionBackend(ABC):
+    """Attention over a :class:`KVPool`; ``prepare`` once per step, ``forward`` per layer."""
+
+    name: str = ""
+
+    def __init__(self, kv: KVPool, scale: float | None = None) -> None:
+        self.kv = kv
+        self.scale = scale if scale is not None else kv.head_dim**-0.5
+
+    @abstractmethod
+    def prepare(self, meta: AttentionMetadata) -> None:
+        """Build the step's indices and masks (reused by every layer)."""
+
+    @abstractmethod
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Store ``k``/``v`` ([T, kv_heads, D]) at the step's slots, attend with ``q`` ([T, heads, D]).
+
+        Each new token attends causally to its request's cached prefix and to the
+        new tokens before it. Returns (or fills ``out``) [T, heads, D].
+        """

@@ -1,0 +1,150 @@
+"""Decode throughput, side by side in one run.
+
+(a) the worker's ModelRunner driven in-process by the scheduler's Batcher,
+(b) the same requests through the full stack over NATS (HTTP streaming),
+(c) HF transformers batched ``generate`` on the same prompts.
+
+    python -m radixmesh.benchmarks.decode [--batches 1 8 32] [--context 256] [--steps 32]
+
+Decode tokens/s excludes prefill: (a) times decode steps only; (b) counts tokens
+after the last request's first token; (c) subtracts a prefill-only generate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from libs.protocol.messages import ForwardResult, SamplingParams, WorkerInfo
+from radixmesh.launcher import LocalStack, ephemeral_stack_config
+from radixmesh.models import resolve_model
+from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
+from services.scheduler.batcher import Batcher, BatcherConfig
+from services.scheduler.request import Req
+
+
+def make_prompts(batch: int, context: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed + batch)
+    return rng.integers(1000, 40000, size=(batch, context)).tolist()
+
+
+def bench_in_process(runner: ModelRunner, prompts: list[list[int]], steps: int) -> float:
+    info = WorkerInfo(worker_id="bench", model="m", kv_slots=runner.config.kv_slots,
+                      max_requests=runner.config.max_requests, max_model_len=runner.max_model_len,
+                      vocab_size=runner.vocab_size, eos_token_ids=runner.eos_token_ids,
+                      dtype=runner.config.dtype)
+    batcher = Batcher(info, BatcherConfig(max_prefill_tokens=1 << 30))
+    for i, ids in enumerate(prompts):
+        batcher.submit(Req(rid=f"r{i}", input_ids=ids, detok_instance="t", sampling=SamplingParams(
+            max_new_tokens=steps + 1, temperature=0.0, ignore_eos=True)))
+
+    def one_step() -> None:
+        batch = batcher.next_batch()
+        tokens = runner.execute(batch)
+        batcher.complete(ForwardResult(step=batch.step, next_token_ids=tokens, forward_ms=0))
+
+    one_step()  # prefill, not timed
+    start = time.perf_counter()
+    for _ in range(steps):
+        one_step()
+    elapsed = time.perf_counter() - start
+    assert not batcher.has_work()
+    return len(prompts) * steps / elapsed
+
+
+async def _stream_one(client, ids: list[int], steps: int) -> tuple[float, float, int]:
+    body = {"input_ids": ids, "stream": True,
+            "sampling_params": {"max_new_tokens": steps + 1, "temperature": 0, "ignore_eos": True}}
+    first = last = 0.0
+    tokens = 0
+    async with client.stream("POST", "/generate", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            tokens = event["meta_info"]["completion_tokens"]
+    return first, last, tokens
+
+
+async def bench_stack(url: str, prompts: list[list[int]], steps: int) -> float:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        results = await asyncio.gather(*(_stream_one(client, ids, steps) for ids in prompts))
+    t0 = max(r[0] for r in results)  # every request has its first token
+    t1 = max(r[1] for r in results)
+    decoded = sum(r[2] - 1 for r in results)
+    return decoded / (t1 - t0)
+
+
+def bench_hf(model, prompts: list[list[int]], steps: int) -> float:
+    ids = torch.tensor(prompts)
+    mask = torch.ones_like(ids)
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)
+        return time.perf_counter() - start
+
+    prefill = run(1)
+    full = run(steps + 1)
+    return len(prompts) * steps / max(full - prefill, 1e-9)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    results: dict[int, dict[str, float]] = {b: {} for b in args.batches}
+
+    runner = ModelRunner(RunnerConfig(kv_slots=16384))
+    for b in args.batches:
+        results[b]["a"] = bench_in_process(runner, make_prompts(b, args.context), args.steps)
+    del runner
+
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model("default"), dtype=torch.float32).eval()
+    for b in args.batches:
+        results[b]["c"] = bench_hf(hf, make_prompts(b, args.context), args.steps)
+    del hf
+
+    with tempfile.TemporaryDirectory() as logs:
+        config = ephemeral_stack_config(Path(logs), threads_per_worker=args.threads)
+        with LocalStack(config, progress=lambda m: None) as stack:
+            asyncio.run(bench_stack(stack.url, make_prompts(1, 16, seed=99), 4))  # warm-up
+            for b in args.batches:
+                results[b]["b"] = asyncio.run(bench_stack(stack.url, make_prompts(b, args.context),
+                                                          args.steps))
+    print_table(results, args)
+
+
+def print_table(results: dict[int, dict[str, float]], args: argparse.Namespace) -> None:
+    print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} decode steps, "
+          f"fp32, {args.threads} threads")
+    print("| batch | (a) in-process runner | (b) full stack over NATS | (c) HF generate "
+          "| b/a | b/c |")
+    print("|---|---|---|---|---|---|")
+    for b, r in results.items():
+        print(f"| {b} | {r['a']:.1f} | {r['b']:.1f} | {r['c']:.1f} | {r['b'] / r['a']:.2f} "
+              f"| {r['b'] / r['c']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The ``radixmesh`` command: ``radixmesh up`` starts the local stack."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .launcher import LocalStack, StackConfig, StackError
+
+
+def _up(args: argparse.Namespace) -> int:
+    config = StackConfig(
+        model=args.model, workers=args.workers, host=args.host, port=args.port,
+        nats_url=os.environ.get("NATS_URL") or None, log_dir=Path(args.log_dir),
+        dtype=args.dtype, kv_slots=args.kv_slots, threads_per_worker=args.threads,
+    )
+    stack = LocalStack(config)
+    stopping = False
+
+    def on_signal(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        stack.start(timeout=args.startup_timeout)
+    except StackError as exc:
+        print(f"radixmesh: {exc}", file=sys.stderr)
+        return 1
+    print(f"\nradixmesh is serving {config.model} at {stack.url}  (OpenAI API: {stack.url}/v1)")
+    print(f"logs: {config.log_dir.resolve()}   stop: Ctrl-C\n", flush=True)
+    try:
+        while not stopping:
+            stack.check_alive()
+            time.sleep(0.5)
+    except StackError as exc:
+        print(f"radixmesh: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print("stopping...", file=sys.stderr)
+        stack.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="radixmesh")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start nats-server and every service locally")
+    up.add_argument("--model", default="default",
+                    help="local HF model directory, or 'default' (SmolLM2-135M-Instruct)")
+    up.add_argument("--workers", type=int, default=1, help="number of gpu_worker processes")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    up.add_argument("--kv-slots", type=int, default=32768, help="KV cache tokens per worker")
+    up.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
+    up.add_argument("--log-dir", default="logs")
+    up.add_argument("--startup-timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return _up(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

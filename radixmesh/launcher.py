@@ -1,0 +1,176 @@
+"""Start a whole radixmesh stack on this machine: nats-server and every service.
+
+Used by ``radixmesh up`` and by the integration tests. Each service runs as its
+own process (``python -m services.<name>``) with its output in ``log_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .models import DEFAULT_MODEL, resolve_model
+from .natsd import NatsServer, free_port
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class StackConfig:
+    model: str = DEFAULT_MODEL
+    workers: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    nats_url: str | None = None
+    subject_prefix: str = "rm"
+    log_dir: Path = Path("logs")
+    dtype: str = "float32"
+    kv_slots: int = 32768
+    threads_per_worker: int = 0  # 0: cores / workers
+    extra: dict[str, list[str]] = field(default_factory=dict)  # service -> extra flags
+
+
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+
+class LocalStack:
+    def __init__(self, config: StackConfig, progress: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.nats: NatsServer | None = None
+        self.procs: list[_Proc] = []
+        self.nats_url = config.nats_url or ""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    def start(self, timeout: float = 300.0) -> "LocalStack":
+        cfg = self.config
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            model_dir = resolve_model(cfg.model, log=self.progress)
+            if not self.nats_url:
+                self.nats = NatsServer(log_file=cfg.log_dir / "nats-server.log").start()
+                self.nats_url = self.nats.url
+                self.progress(f"nats-server on {self.nats_url}")
+            model_arg = str(model_dir) if cfg.model != DEFAULT_MODEL else DEFAULT_MODEL
+            self._spawn_all(model_arg)
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn_all(self, model: str) -> None:
+        cfg = self.config
+        threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // cfg.workers)
+        self._spawn("cache_index", [])
+        self._spawn("tokenizer", ["--model", model])
+        self._spawn("scheduler", [])
+        for i in range(cfg.workers):
+            self._spawn(f"gpu_worker", [
+                "--model", model, "--dtype", cfg.dtype, "--kv-slots", str(cfg.kv_slots),
+                "--threads", str(threads), "--worker-id", f"w{i}-{uuid.uuid4().hex[:6]}",
+            ], log_name=f"gpu_worker-{i}")
+        self._spawn("gateway", ["--model", model, "--host", cfg.host, "--port", str(cfg.port)])
+
+    def _spawn(self, service: str, args: list[str], log_name: str | None = None) -> None:
+        cfg = self.config
+        log = cfg.log_dir / f"{log_name or service}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+        if service != "gpu_worker":
+            env["OMP_NUM_THREADS"] = "1"
+        cmd = [sys.executable, "-m", f"services.{service}", "--nats-url", self.nats_url,
+               "--subject-prefix", cfg.subject_prefix, *args, *cfg.extra.get(service, [])]
+        out = open(log, "ab")
+        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 cwd=Path(__file__).resolve().parent.parent)
+        out.close()
+        self.procs.append(_Proc(log_name or service, popen, log))
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            self.check_alive()
+            status, body = self.health()
+            if status == 200:
+                self.progress(f"gateway ready at {self.url}")
+                return
+            summary = body.get("detail") or body.get("error", {}).get("message") or "starting"
+            if summary != last:
+                self.progress(f"waiting for the stack: {summary}")
+                last = summary
+            time.sleep(0.5)
+        raise StackError(f"stack not healthy after {timeout:.0f}s; logs in {self.config.log_dir}")
+
+    def health(self) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                return resp.status, _json(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, _json(err.read())
+        except OSError:
+            return 0, {}
+
+    def check_alive(self) -> None:
+        for proc in self.procs:
+            code = proc.popen.poll()
+            if code is not None:
+                tail = proc.log.read_text(errors="replace")[-3000:] if proc.log.exists() else ""
+                raise StackError(f"{proc.name} exited with code {code}; log tail:\n{tail}")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in reversed(self.procs):
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+        self.procs.clear()
+        if self.nats:
+            self.nats.stop()
+            self.nats = None
+
+    def __enter__(self) -> "LocalStack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _json(data: bytes) -> dict:
+    try:
+        value = json.loads(data or b"{}")
+        return value if isinstance(value, dict) else {}
+    except ValueError:
+        return {}
+
+
+def ephemeral_stack_config(log_dir: Path, **overrides) -> StackConfig:
+    """A stack on free ports and a private subject prefix (for tests and benchmarks)."""
+    base = dict(port=free_port(), subject_prefix="t" + uuid.uuid4().hex[:8], log_dir=log_dir,
+                kv_slots=16384)
+    base.update(overrides)
+    return StackConfig(**base)

@@ -1,0 +1,123 @@
+"""Validated request bodies -> :class:`GenerationRequest` (semantic checks here)."""
+
+from __future__ import annotations
+
+from libs.protocol.messages import ChatMessage
+
+from .errors import ApiError, bad_request, not_supported
+from .pipeline import GenerationRequest
+from .schemas import (
+    ChatCompletionRequest, CompletionRequest, GenerateRequest, Message, SamplingParamsBody,
+    OpenAIRequestBase,
+)
+
+
+def check_model(model: str, accepted: frozenset[str]) -> None:
+    if model not in accepted:
+        raise ApiError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+
+
+def chat_request(body: ChatCompletionRequest) -> GenerationRequest:
+    if body.logprobs or body.top_logprobs:
+        raise not_supported("logprobs")
+    if body.max_tokens is not None and body.max_completion_tokens is not None \
+            and body.max_tokens != body.max_completion_tokens:
+        raise bad_request("max_tokens and max_completion_tokens differ", "max_completion_tokens")
+    req = _sampling(body)
+    req.messages = [_chat_message(m, i) for i, m in enumerate(body.messages)]
+    if body.max_completion_tokens is not None:
+        req.max_new_tokens = body.max_completion_tokens
+    return req
+
+
+def completion_request(body: CompletionRequest) -> GenerationRequest:
+    if body.logprobs:
+        raise not_supported("logprobs")
+    if body.echo:
+        raise not_supported("echo")
+    if body.suffix:
+        raise not_supported("suffix")
+    req = _sampling(body)
+    req.max_new_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        req.text = prompt
+    elif all(isinstance(p, int) for p in prompt):
+        req.input_ids = prompt  # type: ignore[assignment]
+    elif all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise bad_request("only one prompt per request is supported", "prompt")
+        req.text = prompt[0]  # type: ignore[assignment]
+    else:
+        raise bad_request("prompt must be a string, a list of one string or a list of token ids",
+                          "prompt")
+    if req.text == "":
+        raise bad_request("prompt must not be empty", "prompt")
+    return req
+
+
+def generate_request(body: GenerateRequest) -> GenerationRequest:
+    if (body.text is None) == (body.input_ids is None):
+        raise bad_request("exactly one of text or input_ids is required", "text")
+    if body.text == "":
+        raise bad_request("text must not be empty", "text")
+    sp: SamplingParamsBody = body.sampling_params
+    return GenerationRequest(
+        text=body.text, input_ids=body.input_ids, add_generation_prompt=False,
+        max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
+        top_k=_top_k(sp.top_k, "sampling_params.top_k"), seed=sp.seed,
+        stop=_stop(sp.stop), stop_token_ids=sp.stop_token_ids or [],
+        ignore_eos=sp.ignore_eos, skip_special_tokens=sp.skip_special_tokens,
+    )
+
+
+def _sampling(body: OpenAIRequestBase) -> GenerationRequest:
+    if body.n is not None and body.n != 1:
+        raise bad_request("n must be 1: several choices per request are not supported", "n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name):
+            raise not_supported(name, " other than 0")
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    return GenerationRequest(
+        max_new_tokens=body.max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=_top_k(body.top_k, "top_k"), seed=body.seed, stop=_stop(body.stop),
+        stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos,
+        skip_special_tokens=body.skip_special_tokens,
+    )
+
+
+def _top_k(top_k: int | None, param: str) -> int:
+    if top_k is None or top_k in (0, -1):
+        return -1
+    if top_k < 1:
+        raise bad_request(f"{param} must be -1 (disabled) or >= 1", param)
+    return top_k
+
+
+def _stop(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if any(s == "" for s in stops):
+        raise bad_request("stop strings must not be empty", "stop")
+    return stops
+
+
+def _chat_message(msg: Message, index: int) -> ChatMessage:
+    role = "system" if msg.role == "developer" else msg.role
+    content = msg.content
+    if content is None:
+        if msg.role != "assistant":
+            raise bad_request(f"messages[{index}].content is required", f"messages[{index}].content")
+        content = ""
+    elif not isinstance(content, str):
+        parts = []
+        for part in content:
+            if part.type != "text" or part.text is None:
+                raise not_supported(f"messages[{index}].content", f" of type {part.type!r}")
+            parts.append(part.text)
+        content = "".join(parts)
+    return ChatMessage(role=role, content=content)

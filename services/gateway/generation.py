@@ -1,0 +1,141 @@
+"""A submitted request as seen by its consumer: merged deltas, finish, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from opentelemetry.trace import Span
+
+from libs.protocol import ServiceError, errors
+from libs.protocol.messages import TextDelta, Usage
+
+
+@dataclass
+class Completion:
+    """The whole output of a finished request (non-stream)."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    usage: Usage
+
+
+class Generation:
+    """A submitted request: iterate it for merged deltas, close it to clean up.
+
+    Iteration ends after the delta that carries ``finish_reason``; a finish with
+    an error, or ``request_timeout`` without any delta, raises ServiceError.
+    Closing before the finish aborts the request on its scheduler.
+    """
+
+    def __init__(self, rid: str, worker_id: str, queue: asyncio.Queue[TextDelta],
+                 prompt_tokens: int, span: Span, request_timeout: float,
+                 on_close: Callable[["Generation"], None]) -> None:
+        self.span = span
+        self.request_timeout = request_timeout
+        self._on_close = on_close
+        self.rid = rid
+        self.worker_id = worker_id
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self.finished = False
+        self.closed = False
+        self._queue = queue
+        self._error: ServiceError | None = None
+
+    async def __aenter__(self) -> "Generation":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Idempotent and synchronous: abort if unfinished, release, forget the rid."""
+        if not self.closed:
+            self.closed = True
+            self._on_close(self)
+
+    def __aiter__(self) -> AsyncIterator[TextDelta]:
+        return self._deltas()
+
+    async def _deltas(self) -> AsyncIterator[TextDelta]:
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self.finished:
+                return
+            yield await self.next_delta()
+
+    async def next_delta(self) -> TextDelta:
+        """Wait for output and merge whatever has arrived into one delta."""
+        if self._error is not None:
+            raise self._error
+        if self.finished:
+            raise RuntimeError(f"request {self.rid} already finished")
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                first = await self._queue.get()
+        except TimeoutError:
+            self._error = errors.timeout(
+                f"no output for {self.request_timeout:g}s (request {self.rid})"
+            )
+            raise self._error from None
+        items = [first]
+        while not self._queue.empty() and items[-1].finish_reason is None and items[-1].error is None:
+            items.append(self._queue.get_nowait())
+        return self._merge(items)
+
+    def _merge(self, items: list[TextDelta]) -> TextDelta:
+        last = items[-1]
+        if last.finish_reason is not None or last.error is not None:
+            self.finished = True
+            self.finish_reason = last.finish_reason or "error"
+            self.usage = last.usage
+        if last.error is not None or last.finish_reason == "error":
+            info = last.error
+            self._error = (ServiceError.from_info(info) if info is not None
+                           else errors.internal(f"request {self.rid} failed"))
+            items = items[:-1]
+            if not any(i.text or i.token_ids for i in items):
+                raise self._error
+        token_ids = items[0].token_ids if len(items) == 1 else [t for i in items for t in i.token_ids]
+        self.completion_tokens += len(token_ids)
+        finish = None if self._error is not None else last.finish_reason
+        return TextDelta(rid=self.rid, text="".join(i.text for i in items), token_ids=token_ids,
+                         finish_reason=finish, usage=self.usage)
+
+    @property
+    def error(self) -> ServiceError | None:
+        """Why the request failed (error finish or timeout), if it did."""
+        return self._error
+
+    @property
+    def outcome(self) -> str:
+        """finish_reason, or "aborted" when closed early, or "timeout"."""
+        if self.finish_reason is not None:
+            return self.finish_reason
+        return "timeout" if self._error is not None else "aborted"
+
+    def final_usage(self) -> Usage:
+        """Usage from the finishing delta, else counted here."""
+        if self.usage is not None:
+            return self.usage
+        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
+
+    async def collect(self) -> Completion:
+        """Run to the finish and return the whole output."""
+        texts: list[str] = []
+        ids: list[int] = []
+        finish = "stop"
+        async for delta in self:
+            texts.append(delta.text)
+            ids.extend(delta.token_ids)
+            finish = delta.finish_reason or finish
+        if self._error is not None:
+            raise self._error
+        return Completion(self.rid, "".join(texts), ids, finish, self.final_usage())

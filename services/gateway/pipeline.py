@@ -1,0 +1,215 @@
+"""The request pipeline: encode -> route -> submit, then text deltas back.
+
+No HTTP in here; the gateway's routes and a benchmark client both drive it::
+
+    pipeline = Pipeline(bus, subjects, instance="gw-1", model="SmolLM2-135M-Instruct")
+    await pipeline.start()                      # subscribes gw.<instance>.out once
+    gen = await pipeline.submit(GenerationRequest(text="hi", max_new_tokens=8))
+    async with gen:                             # aborts on exit if unfinished
+        async for delta in gen:                 # merged TextDeltas, last has finish_reason
+            ...
+    await pipeline.stop()
+
+Failures are raised as :class:`ServiceError` (typed, with an HTTP status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, StatusCode
+
+from libs.protocol import Bus, ServiceError, Subjects
+from libs.protocol.messages import (
+    AbortRequest, ChatMessage, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch,
+    ReleaseRequest, RouteReply, RouteRequest, SamplingParams, SubmitReply, SubmitRequest,
+    TextDelta,
+)
+
+from .generation import Completion, Generation
+
+__all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
+
+log = logging.getLogger("radixmesh.gateway.pipeline")
+_tracer = trace.get_tracer("radixmesh.gateway")
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt (exactly one of text / messages / input_ids) and its sampling."""
+
+    text: str | None = None
+    messages: list[ChatMessage] | None = None
+    input_ids: list[int] | None = None
+    add_generation_prompt: bool = True
+    max_new_tokens: int | None = None  # None: up to the context length
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    def sampling(self, max_new_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=self.top_k, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    request_timeout: float = 600.0  # longest silence between two deltas
+    bus_timeout: float = 10.0  # encode / route / submit replies
+    route_attempts: int = 3  # submit refused with 503 -> route again, excluding that worker
+
+
+class Pipeline:
+    """Runs requests through the services; one instance per gateway process."""
+
+    def __init__(self, bus: Bus, subjects: Subjects, instance: str, model: str,
+                 config: PipelineConfig = PipelineConfig()) -> None:
+        self.bus = bus
+        self.subjects = subjects
+        self.instance = instance
+        self.model = model
+        self.config = config
+        # NOTE: every rid in here has exactly one live Generation (or a submit in
+        # progress); it is removed synchronously when that ends, so none leak.
+        self._queues: dict[str, asyncio.Queue[TextDelta]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._sub = None
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._queues)
+
+    async def start(self) -> None:
+        """Subscribe once to this instance's output subject."""
+        self._sub = await self.bus.subscribe(
+            self.subjects.gateway_out(self.instance), self._dispatch, GatewayBatch
+        )
+
+    async def stop(self) -> None:
+        """Unsubscribe and wait for pending abort/release messages to go out."""
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        await self.drain()
+
+    async def drain(self) -> None:
+        """Wait until every cleanup message scheduled so far is published."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _dispatch(self, batch: GatewayBatch) -> None:
+        for item in batch.items:
+            queue = self._queues.get(item.rid)
+            if queue is None:
+                log.debug("delta for unknown rid %s dropped", item.rid)
+            else:
+                queue.put_nowait(item)
+
+    async def submit(self, req: GenerationRequest) -> Generation:
+        """Encode, route and submit; returns the running generation.
+
+        Raises ServiceError; nothing is left behind on failure.
+        """
+        if self._sub is None:
+            raise RuntimeError("Pipeline.start() was not called: no output would arrive")
+        rid = uuid.uuid4().hex
+        queue: asyncio.Queue[TextDelta] = asyncio.Queue()
+        self._queues[rid] = queue
+        # the request's root span: every bus message of this request carries it
+        span = _tracer.start_span("gateway.request", attributes={"radixmesh.rid": rid,
+                                                                 "radixmesh.model": self.model})
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                enc = await self.bus.request(
+                    self.subjects.tokenizer_encode(), self._encode_request(rid, req),
+                    EncodeReply, self.config.bus_timeout,
+                )
+                try:
+                    worker = await self._route_and_submit(rid, req, enc)
+                except BaseException:
+                    self._publish_later(self.subjects.tokenizer_detok(enc.detok_instance),
+                                        DetokRelease(rids=[rid]))
+                    raise
+        except BaseException as exc:
+            self._queues.pop(rid, None)
+            _end_span(span, "failed", exc)
+            raise
+        span.set_attributes({"radixmesh.worker": worker, "radixmesh.prompt_tokens": len(enc.input_ids)})
+        return Generation(rid, worker, queue, len(enc.input_ids), span,
+                          self.config.request_timeout, self._finish)
+
+    def _encode_request(self, rid: str, req: GenerationRequest) -> EncodeRequest:
+        return EncodeRequest(
+            rid=rid, gateway=self.instance, text=req.text, messages=req.messages,
+            input_ids=req.input_ids, add_generation_prompt=req.add_generation_prompt,
+            max_new_tokens=req.max_new_tokens, stop=req.stop,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+
+    async def _route_and_submit(self, rid: str, req: GenerationRequest, enc: EncodeReply) -> str:
+        exclude: list[str] = []
+        submit = SubmitRequest(
+            rid=rid, input_ids=enc.input_ids, sampling=req.sampling(enc.max_new_tokens),
+            detok_instance=enc.detok_instance,
+        )
+        while True:
+            route = await self.bus.request(
+                self.subjects.index_route(),
+                RouteRequest(rid=rid, model=self.model, num_tokens=len(enc.input_ids), exclude=exclude),
+                RouteReply, self.config.bus_timeout,
+            )
+            worker = route.worker_id
+            try:
+                await self.bus.request(self.subjects.sched_submit(worker), submit, SubmitReply,
+                                       self.config.bus_timeout)
+                return worker
+            except BaseException as exc:
+                refused = isinstance(exc, ServiceError) and exc.code != "timeout"
+                if not refused:  # the scheduler may hold it: make sure it lets go
+                    self._publish_later(self.subjects.sched_abort(worker), AbortRequest(rid=rid))
+                self._publish_later(self.subjects.index_release(), ReleaseRequest(rid=rid, worker_id=worker))
+                exclude.append(worker)
+                if not (refused and exc.status == 503 and len(exclude) < self.config.route_attempts):
+                    raise
+
+    def _publish_later(self, subject: str, msg) -> None:
+        """Publish from a task of its own, so cancellation of the caller cannot lose it."""
+        task = asyncio.get_running_loop().create_task(self._publish(subject, msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish(self, subject: str, msg) -> None:
+        try:
+            await self.bus.publish(subject, msg)
+        except Exception as exc:  # noqa: BLE001 - best effort; the bus may be closing
+            log.warning("could not publish %s to %s: %s", type(msg).__name__, subject, exc)
+
+    def _finish(self, gen: Generation) -> None:
+        self._queues.pop(gen.rid, None)
+        with trace.use_span(gen.span, end_on_exit=False):
+            if not gen.finished:
+                self._publish_later(self.subjects.sched_abort(gen.worker_id), AbortRequest(rid=gen.rid))
+            self._publish_later(self.subjects.index_release(),
+                                ReleaseRequest(rid=gen.rid, worker_id=gen.worker_id))
+        gen.span.set_attribute("radixmesh.completion_tokens", gen.completion_tokens)
+        _end_span(gen.span, gen.outcome, gen.error)
+
+
+def _end_span(span: Span, outcome: str, exc: BaseException | None) -> None:
+    span.set_attribute("radixmesh.outcome", outcome)
+    if exc is not None:
+        span.record_exception(exc)
+        span.set_status(StatusCode.ERROR, str(exc))
+    span.end()

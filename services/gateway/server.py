@@ -1,0 +1,98 @@
+"""Run the gateway: the pipeline on the bus plus uvicorn, in one asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass
+
+import uvicorn
+
+from libs.protocol.service import ServiceContext
+
+from .app import create_app
+from .health import BusHealth
+from .pipeline import Pipeline, PipelineConfig
+from .routes import GatewaySettings
+
+log = logging.getLogger("radixmesh.gateway")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    graceful_shutdown_s: float = 5.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: run_service owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind before serving so a busy port is a clear error, and port 0 works."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve_http(ctx: ServiceContext, app, server_cfg: ServerConfig, log_level: str) -> str:
+    """Start uvicorn as a task of this loop; stopping ``ctx`` stops it. Returns the URL."""
+    sock = bind(server_cfg.host, server_cfg.port)
+    config = uvicorn.Config(
+        app, lifespan="off", log_config=None, log_level=log_level.lower(), access_log=False,
+        timeout_graceful_shutdown=server_cfg.graceful_shutdown_s,
+    )
+    server = _Server(config)
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    # a server that dies on its own takes the service down with it
+    task.add_done_callback(lambda _: ctx.stop.set())
+
+    async def shutdown() -> None:
+        server.should_exit = True
+        await asyncio.wait((task,))
+        sock.close()
+
+    ctx.stack.push_async_callback(shutdown)
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()  # raises what went wrong
+        raise RuntimeError("uvicorn stopped during startup")
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}"
+
+
+def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server_cfg: ServerConfig,
+                 worker_model: str | None = None):
+    """The ``run_service`` body of the gateway.
+
+    ``worker_model`` is the name the workers announce (``served_name(--model)``),
+    used for routing; it differs from the public name under --served-model-name.
+    """
+
+    async def body(ctx: ServiceContext) -> None:
+        pipeline = Pipeline(ctx.bus, ctx.subjects, ctx.config.instance,
+                            worker_model or settings.served_model_name, pipeline_cfg)
+        await pipeline.start()
+        ctx.stack.push_async_callback(pipeline.stop)
+        app = create_app(pipeline, settings, BusHealth(ctx.bus, ctx.subjects))
+        url = await serve_http(ctx, app, server_cfg, ctx.config.log_level)
+        ctx.detail.update(url=url, model=settings.served_model_name)
+        log.info("gateway listening on %s (model %s)", url, settings.served_model_name)
+
+    return body

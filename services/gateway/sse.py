@@ -1,0 +1,96 @@
+"""Server-sent events, and running work only while the HTTP client is still there."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import msgspec
+from starlette.types import Receive, Scope, Send
+
+T = TypeVar("T")
+
+SSE_DONE = b"data: [DONE]\n\n"
+_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_encoder = msgspec.json.Encoder()
+
+
+def sse_event(obj: Any) -> bytes:
+    """One ``data: <json>`` event."""
+    return b"data: " + _encoder.encode(obj) + b"\n\n"
+
+
+def parse_sse(body: bytes) -> list[Any]:
+    """Decode a whole SSE body into its JSON payloads; ``[DONE]`` becomes the string."""
+    out: list[Any] = []
+    for block in body.split(b"\n\n"):
+        if block.startswith(b"data: "):
+            data = block[len(b"data: "):]
+            out.append("[DONE]" if data == b"[DONE]" else msgspec.json.decode(data))
+    return out
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before the work finished."""
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await ``work``; cancel it and raise ClientGone if the client disconnects first.
+
+    Call it after the request body has been read: any later message on
+    ``receive`` is the disconnect.
+    """
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            # NOTE: let the work's own cleanup (abort, release) run to completion
+            await asyncio.wait((task,))
+    if task.cancelled() and watch.done() and not watch.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+class SSEResponse:
+    """Stream ``events`` as SSE; stop (and call ``on_close``) when the client leaves.
+
+    ``on_close`` runs exactly once whatever happens, even if the stream never
+    started, so the request behind it is always cleaned up.
+    """
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None] | None = None,
+                 status_code: int = 200) -> None:
+        self.events = events
+        self.on_close = on_close
+        self.status_code = status_code
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await run_until_disconnect(receive, self._stream(send))
+        except (ClientGone, OSError):
+            pass
+        finally:
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            if self.on_close is not None:
+                self.on_close()
+
+    async def _stream(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": _HEADERS})
+        async for chunk in self.events:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

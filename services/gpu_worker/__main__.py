@@ -1,0 +1,70 @@
+"""``python -m services.gpu_worker``: load the model, then serve it on the bus."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import uuid
+
+import torch
+
+from libs.kernels import BackendNotAvailable
+from libs.protocol.service import ServiceContext, add_common_args, common_config, run_service, setup_logging
+from libs.protocol.subjects import check_token
+from radixmesh.models import ModelNotFoundError, served_name
+
+from .model_runner import DTYPES, ModelRunner, RunnerConfig
+from .service import WorkerService
+
+SERVICE = "gpu_worker"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m services.gpu_worker", description=__doc__)
+    p.add_argument("--model", default=env("RADIXMESH_MODEL", "default"), help='"default" or a local HF directory')
+    p.add_argument("--dtype", default=env("RADIXMESH_DTYPE", "float32"), choices=sorted(DTYPES))
+    p.add_argument("--kv-slots", type=int, default=int(env("RADIXMESH_KV_SLOTS", "32768")))
+    p.add_argument("--max-requests", type=int, default=int(env("RADIXMESH_MAX_REQUESTS", "256")))
+    p.add_argument("--max-model-len", type=int, default=None, help="default: max_position_embeddings")
+    p.add_argument("--attention-backend", default=env("RADIXMESH_ATTENTION_BACKEND", "torch"))
+    p.add_argument("--device", default=env("RADIXMESH_DEVICE", "cpu"))
+    p.add_argument("--threads", type=int, default=int(env("RADIXMESH_THREADS", "0")), help="torch threads (0: torch default)")
+    p.add_argument("--worker-id", default=env("RADIXMESH_WORKER_ID") or f"worker-{uuid.uuid4().hex[:8]}")
+    p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between WorkerInfo announcements")
+    add_common_args(p, SERVICE)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config = common_config(args)
+    setup_logging(SERVICE, config.log_level)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        check_token(args.worker_id)
+        runner = ModelRunner(RunnerConfig(
+            model=args.model, dtype=args.dtype, kv_slots=args.kv_slots, max_requests=args.max_requests,
+            attention_backend=args.attention_backend, device=args.device, max_model_len=args.max_model_len,
+        ))
+    except (BackendNotAvailable, ModelNotFoundError, FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"{SERVICE}: {exc}") from None
+    logging.getLogger(SERVICE).info(
+        "loaded %s (%s, %d KV slots, %.0f MiB KV)", runner.path, args.dtype, args.kv_slots, runner.kv.nbytes() / 2**20
+    )
+
+    async def body(ctx: ServiceContext) -> None:
+        worker = WorkerService(
+            runner, args.worker_id, served_name(args.model), ctx.subjects, args.announce_interval, ctx.detail
+        )
+        await worker.start(ctx.bus)
+        ctx.stack.push_async_callback(worker.stop)
+
+    asyncio.run(run_service(SERVICE, config, body))
+
+
+if __name__ == "__main__":
+    main()

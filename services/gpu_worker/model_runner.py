@@ -1,0 +1,106 @@
+"""Execute one ForwardBatch: fill the slot table, run the model, sample. No bus."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from libs.kernels import AttentionMetadata, KVPool, get_backend
+from libs.protocol.messages import ForwardBatch
+from radixmesh.models import resolve_model
+
+from .batch import Limits, StepArrays, parse_batch
+from .model import LlamaModel
+from .sampler import Sampler
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    model: str = "default"  # "default" or a local HF directory
+    dtype: str = "float32"
+    kv_slots: int = 32768
+    max_requests: int = 256
+    attention_backend: str = "torch"
+    device: str = "cpu"
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+
+class ModelRunner:
+    """Owns weights, the KV pool, the row -> slot table and per-row sampling state.
+
+    ``execute(batch)`` is the only entry point; it is synchronous (the service
+    runs it in a thread) and not re-entrant.
+    """
+
+    def __init__(self, config: RunnerConfig = RunnerConfig()) -> None:
+        if config.dtype not in DTYPES:
+            raise ValueError(f"dtype {config.dtype!r} not one of {', '.join(DTYPES)}")
+        self.config = config
+        self.path = resolve_model(config.model)
+        self.device = torch.device(config.device)
+        self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device)
+        mc = self.model.config
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, DTYPES[config.dtype], self.device)
+        self.attn = get_backend(config.attention_backend, self.kv)
+        # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]
+        self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)
+        self.sampler = Sampler(config.max_requests, mc.vocab_size, self.device)
+        self.limits = Limits(config.max_requests, self.max_model_len, config.kv_slots, mc.vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self.model.config.eos_token_ids)
+
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch) -> list[int]:
+        """Next token id of every request, in batch order.
+
+        Raises ServiceError(invalid_request_error, 400) for an inconsistent batch,
+        before touching any state.
+        """
+        step, logits = self._forward(batch)
+        seq_lens = torch.from_numpy(step.seq_lens).to(self.device)
+        return self.sampler.sample(logits, step.rows, seq_lens).tolist()
+
+    @torch.inference_mode()
+    def logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run ``batch`` like :meth:`execute` but return the last tokens' logits [B, vocab] (float32)."""
+        return self._forward(batch)[1]
+
+    def _forward(self, batch: ForwardBatch) -> tuple[StepArrays, torch.Tensor]:
+        step = parse_batch(batch, self.limits)
+        self.sampler.set_rows(batch.new_rows)
+        dev = self.device
+        if len(step.shared_slots):
+            self._fill_table(step.shared_rows, step.shared_positions, torch.from_numpy(step.shared_slots).to(dev))
+        slots = torch.from_numpy(step.out_slots).to(dev)
+        self._fill_table(step.token_rows, step.positions, slots)
+        self.attn.prepare(
+            AttentionMetadata(
+                rows=torch.from_numpy(step.rows).to(dev),
+                prefix_lens=step.prefix_lens,
+                extend_lens=step.extend_lens,
+                out_slots=slots,
+                slot_table=self.table,
+            )
+        )
+        logits = self.model.forward(
+            torch.from_numpy(step.input_ids).to(dev),
+            torch.from_numpy(step.positions).to(dev),
+            torch.from_numpy(step.last_index).to(dev),
+            self.attn,
+        )
+        return step, logits
+
+    def _fill_table(self, rows: np.ndarray, positions: np.ndarray, slots: torch.Tensor) -> None:
+        dev = self.device
+        self.table[torch.from_numpy(rows).to(dev), torch.from_numpy(positions).to(dev)] = slots

@@ -1,0 +1,104 @@
+"""The worker on the bus: announce, adoption + lease, and ForwardBatch execution."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from libs.protocol.bus import Bus
+from libs.protocol.messages import AdoptRequest, ForwardBatch, ForwardResult, LeaseRenew, WorkerInfo
+from libs.protocol.subjects import Subjects, check_token
+
+from .adoption import Adoption
+from .model_runner import ModelRunner
+
+log = logging.getLogger("gpu_worker")
+
+
+class WorkerService:
+    """Serves one :class:`ModelRunner` as worker ``worker_id``.
+
+    Subjects: ``worker_announce`` (WorkerInfo every ``announce_s``),
+    ``worker_adopt(id)`` (AdoptRequest -> WorkerInfo, 409 already_adopted),
+    ``worker_lease(id)`` (LeaseRenew -> WorkerInfo, 409 not_adopted),
+    ``worker_forward(id)`` (ForwardBatch -> ForwardResult; 409 when not adopted,
+    400 for an invalid batch). Forwards run in a thread, one at a time.
+    """
+
+    def __init__(
+        self, runner: ModelRunner, worker_id: str, model_name: str, subjects: Subjects,
+        announce_s: float = 1.0, detail: dict[str, str] | None = None,
+    ) -> None:
+        self.runner = runner
+        self.worker_id = check_token(worker_id)
+        self.model_name = model_name
+        self.subjects = subjects
+        self.announce_s = announce_s
+        self.adoption = Adoption()
+        self.detail = detail if detail is not None else {}
+        self._bus: Bus | None = None
+        self._task: asyncio.Task | None = None
+
+    def info(self) -> WorkerInfo:
+        r = self.runner
+        return WorkerInfo(
+            worker_id=self.worker_id, model=self.model_name, kv_slots=r.config.kv_slots,
+            max_requests=r.config.max_requests, max_model_len=r.max_model_len, vocab_size=r.vocab_size,
+            eos_token_ids=r.eos_token_ids, dtype=r.config.dtype,
+            adopted_by=self.adoption.owner, epoch=self.adoption.epoch,
+        )
+
+    async def start(self, bus: Bus) -> None:
+        self._bus = bus
+        s, wid = self.subjects, self.worker_id
+        await bus.subscribe(s.worker_adopt(wid), self._on_adopt, AdoptRequest)
+        await bus.subscribe(s.worker_lease(wid), self._on_lease, LeaseRenew)
+        await bus.subscribe(s.worker_forward(wid), self._on_forward, ForwardBatch)
+        self._task = asyncio.create_task(self._announce_loop())
+        self._update_detail()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _announce_loop(self) -> None:
+        while True:
+            if self.adoption.expire():
+                log.warning("lease lapsed; worker %s free again (epoch %d)", self.worker_id, self.adoption.epoch)
+                self._update_detail()
+            await self._announce()
+            await asyncio.sleep(self.announce_s)
+
+    async def _announce(self) -> None:
+        try:
+            await self._bus.publish(self.subjects.worker_announce(), self.info())
+        except Exception as exc:  # noqa: BLE001 - the next tick tries again
+            log.warning("announce failed: %s", exc)
+
+    async def _on_adopt(self, msg: AdoptRequest) -> WorkerInfo:
+        before = self.adoption.owner
+        self.adoption.adopt(msg.scheduler_id, msg.lease_s)
+        if before != msg.scheduler_id:
+            log.info("adopted by %s (lease %.1fs, epoch %d)", msg.scheduler_id, msg.lease_s, self.adoption.epoch)
+            self._update_detail()
+            await self._announce()
+        return self.info()
+
+    async def _on_lease(self, msg: LeaseRenew) -> WorkerInfo:
+        self.adoption.renew(msg.scheduler_id)
+        return self.info()
+
+    async def _on_forward(self, msg: ForwardBatch) -> ForwardResult:
+        self.adoption.require_owner()
+        start = time.perf_counter()
+        next_ids = await asyncio.to_thread(self.runner.execute, msg)
+        return ForwardResult(step=msg.step, next_token_ids=next_ids, forward_ms=(time.perf_counter() - start) * 1e3)
+
+    def _update_detail(self) -> None:
+        self.detail.update(
+            worker_id=self.worker_id, adopted_by=self.adoption.owner or "", epoch=str(self.adoption.epoch)
+        )

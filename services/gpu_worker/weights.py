@@ -1,0 +1,91 @@
+"""Load an HF checkpoint's safetensors into fused per-layer tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import ModelConfig
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor  # [hidden, heads * head_dim]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * inter, hidden]: gate rows first
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor  # [hidden, inter]
+    down_bias: torch.Tensor | None
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
+
+
+class _Reader:
+    """Tensors by name across every *.safetensors file of a directory."""
+
+    def __init__(self, path: Path, dtype: torch.dtype, device) -> None:
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{path}: no *.safetensors files")
+        self._where: dict[str, Path] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                self._where.update({name: file for name in f.keys()})
+        self._dtype, self._device = dtype, device
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise KeyError(f"checkpoint has no tensor {name}")
+        with safe_open(str(self._where[name]), framework="pt") as f:
+            return f.get_tensor(name).to(device=self._device, dtype=self._dtype)
+
+    def maybe(self, name: str) -> torch.Tensor | None:
+        return self.get(name) if self.has(name) else None
+
+
+def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu") -> ModelWeights:
+    r = _Reader(path, dtype, device)
+    embed = r.get("model.embed_tokens.weight")
+    layers = [_load_layer(r, f"model.layers.{i}.") for i in range(cfg.num_layers)]
+    tied = cfg.tie_word_embeddings or not r.has("lm_head.weight")
+    lm_head = embed if tied else r.get("lm_head.weight")
+    return ModelWeights(embed, layers, r.get("model.norm.weight"), lm_head)
+
+
+def _load_layer(r: _Reader, p: str) -> LayerWeights:
+    attn, mlp = p + "self_attn.", p + "mlp."
+    return LayerWeights(
+        input_norm=r.get(p + "input_layernorm.weight"),
+        qkv=_cat(r, [attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"]),
+        qkv_bias=_cat(r, [attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"]),
+        o_proj=r.get(attn + "o_proj.weight"),
+        o_bias=r.maybe(attn + "o_proj.bias"),
+        post_norm=r.get(p + "post_attention_layernorm.weight"),
+        gate_up=_cat(r, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
+        gate_up_bias=_cat(r, [mlp + "gate_proj.bias", mlp + "up_proj.bias"]),
+        down=r.get(mlp + "down_proj.weight"),
+        down_bias=r.maybe(mlp + "down_proj.bias"),
+    )
+
+
+def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
+    """Concatenate along the output dim; None when the first (a bias) is absent."""
+    if not r.has(names[0]):
+        return None
+    return torch.cat([r.get(name) for name in names], dim=0).contiguous()

@@ -1,0 +1,1 @@
+"""Tokenizer service: chat templates, encode, incremental detokenize, stop strings."""

@@ -1,0 +1,44 @@
+"""python -m services.tokenizer: chat templates, encode, incremental detokenize, stop strings."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from libs.protocol.service import (
+    ServiceContext, add_common_args, common_config, run_service, setup_logging,
+)
+from radixmesh.models import resolve_model, served_name
+
+from .encoder import Encoder
+from .service import TokenizerService
+
+
+def main(argv: list[str] | None = None) -> None:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="services.tokenizer", description=__doc__)
+    add_common_args(p, "tokenizer")
+    p.add_argument("--model", default=env("RADIXMESH_MODEL", "default"),
+                   help='"default" or a local HF model directory')
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context length (default: config.json max_position_embeddings)")
+    p.add_argument("--detok-idle-timeout", type=float, default=600.0,
+                   help="drop a detok stream after this many seconds without traffic")
+    p.add_argument("--encode-threads", type=int, default=1,
+                   help="threads that run encoding (each holds its own tokenizer copy)")
+    args = p.parse_args(argv)
+    setup_logging("tokenizer", args.log_level)
+
+    async def body(ctx: ServiceContext) -> None:
+        encoder = Encoder.load(resolve_model(args.model), args.max_model_len)
+        await TokenizerService(
+            ctx, encoder, served_name(args.model),
+            idle_timeout=args.detok_idle_timeout, encode_threads=args.encode_threads,
+        ).start()
+
+    asyncio.run(run_service("tokenizer", common_config(args), body))
+
+
+if __name__ == "__main__":
+    main()

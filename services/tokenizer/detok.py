@@ -1,0 +1,194 @@
+"""Incremental detokenization with stop strings, batched across requests (pure, no bus).
+
+Each request keeps two offsets into its output ids (vLLM / SGLang technique)::
+
+    output_ids:  [ ........ emitted ........ | prefix window | read window ]
+                                             ^prefix_offset  ^read_offset
+
+Per step the text of ``ids[prefix_offset:]`` minus the text of
+``ids[prefix_offset:read_offset]`` is the new text, so the decoded windows stay
+a few tokens long whatever the output length, and context-dependent decoders
+(SentencePiece's leading space) see the token before the new ones. All windows
+of one step are decoded in one ``decode_batch`` call per skip_special_tokens flag.
+
+NOTE: text is emitted only when the decoded window does not end in U+FFFD, so a
+multi-byte character split across tokens is never emitted half; at finish
+everything left is flushed. The concatenation of all emitted text equals
+``tokenizer.decode(all_ids, skip_special_tokens=...)`` (without the WordPiece
+``clean_up_tokenization_spaces`` pass, which is not incremental), cut before the
+first stop string if one matched. One exception: a byte-fallback decoder turns a
+whole run of byte tokens into U+FFFD when the run is invalid UTF-8 (e.g. a kept
+special token inside a character); text emitted before the run broke stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Sequence
+
+REPLACEMENT = "\ufffd"
+
+
+@dataclass(eq=False)
+class DecodeState:
+    """Detokenizer state of one request."""
+
+    skip_special_tokens: bool = True
+    stop: tuple[str, ...] = ()
+    # ids that reach the decoder: special tokens are left out when they are skipped
+    output_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0  # every token received, skipped ones included
+    prefix_offset: int = 0
+    read_offset: int = 0
+    # decode(output_ids[prefix_offset:read_offset]); None: recompute next step
+    prefix_text: str | None = ""
+    # decoded text not emitted yet because it may be the start of a stop string
+    held: str = ""
+    stopped: bool = False
+
+
+class StepResult(NamedTuple):
+    text: str  # new text to emit (possibly empty)
+    stopped: bool  # a stop string matched: text ends right before it
+    error: str | None = None  # the ids could not be decoded
+
+
+class Detokenizer:
+    """Turns per-step token ids of many requests into text deltas."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        # NOTE: a `tokenizers.Tokenizer` is used directly when there is one (one
+        # Rust call per batch); otherwise the HF tokenizer's batch_decode.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._hf = tokenizer
+        self._special = frozenset(_special_ids(tokenizer, self._backend))
+
+    def step(
+        self,
+        states: Sequence[DecodeState],
+        new_ids: Sequence[Sequence[int]],
+        finish: Sequence[bool],
+    ) -> list[StepResult]:
+        """Append ``new_ids[i]`` to ``states[i]``; flush everything where ``finish[i]``.
+
+        Returns one StepResult per state. A state that matched a stop string is
+        done: later calls return empty text for it.
+        """
+        windows = self._decode_windows(states, new_ids, finish)
+        return [
+            _advance(st, windows.get(i), fin) if not st.stopped else StepResult("", True)
+            for i, (st, fin) in enumerate(zip(states, finish))
+        ]
+
+    def _decode_windows(
+        self, states: Sequence[DecodeState], new_ids: Sequence[Sequence[int]],
+        finish: Sequence[bool],
+    ) -> dict[int, tuple[str | None, str | None]]:
+        """Decode (prefix window, full window) of every state that has work."""
+        jobs: dict[bool, list[tuple[int, str, list[int]]]] = {True: [], False: []}
+        for i, (st, ids, fin) in enumerate(zip(states, new_ids, finish)):
+            if st.stopped:
+                continue
+            st.num_tokens += len(ids)
+            if st.skip_special_tokens and not self._special.isdisjoint(ids):
+                # NOTE: skipped tokens decode to nothing; leaving them out keeps a
+                # run of them (eos with ignore_eos) from widening the window.
+                ids = [t for t in ids if t not in self._special]
+            st.output_ids.extend(ids)
+            if not ids and not fin:
+                continue
+            group = jobs[st.skip_special_tokens]
+            if st.prefix_text is None:
+                group.append((i, "prefix", st.output_ids[st.prefix_offset:st.read_offset]))
+            group.append((i, "full", st.output_ids[st.prefix_offset:]))
+        out: dict[int, tuple[str | None, str | None]] = {}
+        for skip, group in jobs.items():
+            if not group:
+                continue
+            texts = self._decode_many([seq for _, _, seq in group], skip)
+            for (i, kind, _), text in zip(group, texts):
+                prefix, full = out.get(i, (states[i].prefix_text, None))
+                out[i] = (text, full) if kind == "prefix" else (prefix, text)
+        return out
+
+    def _decode_many(self, seqs: list[list[int]], skip: bool) -> list[str | None]:
+        """Batch decode; on failure decode one by one so one bad sequence costs only itself."""
+        try:
+            return self._batch(seqs, skip)
+        except Exception:  # noqa: BLE001 - e.g. a negative id: isolate it below
+            return [self._one(seq, skip) for seq in seqs]
+
+    def _batch(self, seqs: list[list[int]], skip: bool) -> list[str]:
+        if self._backend is not None:
+            return self._backend.decode_batch(seqs, skip_special_tokens=skip)
+        return self._hf.batch_decode(
+            seqs, skip_special_tokens=skip, clean_up_tokenization_spaces=False
+        )
+
+    def _one(self, seq: list[int], skip: bool) -> str | None:
+        try:
+            return self._batch([seq], skip)[0]
+        except Exception:  # noqa: BLE001 - reported as the request's error
+            return None
+
+
+def _special_ids(tokenizer: Any, backend: Any) -> list[int]:
+    """Ids that ``skip_special_tokens`` drops."""
+    if backend is not None:
+        return [i for i, t in backend.get_added_tokens_decoder().items() if t.special]
+    return list(getattr(tokenizer, "all_special_ids", []))
+
+
+def _advance(
+    st: DecodeState, window: tuple[str | None, str | None] | None, finish: bool
+) -> StepResult:
+    """Move one state's offsets given its decoded windows; apply stop strings."""
+    delta = ""
+    if window is not None:
+        prefix, full = window
+        if prefix is None or full is None:
+            st.stopped = True
+            return StepResult("", False, "could not decode the generated token ids")
+        if len(full) > len(prefix) and (finish or not full.endswith(REPLACEMENT)):
+            delta = full[len(prefix):]
+            st.prefix_offset, st.read_offset = st.read_offset, len(st.output_ids)
+            st.prefix_text = None
+        else:
+            st.prefix_text = prefix
+    return _apply_stop(st, delta, finish)
+
+
+def _apply_stop(st: DecodeState, delta: str, finish: bool) -> StepResult:
+    """Emit ``held + delta`` except a tail that could begin a stop string."""
+    buf = st.held + delta if st.held else delta
+    if not st.stop or not buf:
+        st.held = ""
+        return StepResult(buf, False)
+    cut = find_stop(buf, st.stop)
+    if cut >= 0:
+        st.held, st.stopped = "", True
+        return StepResult(buf[:cut], True)
+    keep = 0 if finish else partial_stop_len(buf, st.stop)
+    st.held = buf[len(buf) - keep:] if keep else ""
+    return StepResult(buf[:len(buf) - keep], False)
+
+
+def find_stop(text: str, stop: Sequence[str]) -> int:
+    """Index of the earliest stop string occurrence in ``text``, or -1."""
+    found = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return min(found) if found else -1
+
+
+def partial_stop_len(text: str, stop: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best, last = 0, text[-1:]
+    if not last:
+        return 0
+    for s in stop:
+        # NOTE: a candidate prefix s[:k] must end with text's last character.
+        i = s.find(last, best, len(s) - 1)
+        while i >= 0:
+            if len(text) > i and text.endswith(s[:i + 1]):
+                best = i + 1
+            i = s.find(last, i + 1, len(s) - 1)
+    return best

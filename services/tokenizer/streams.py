@@ -1,0 +1,114 @@
+"""Open detokenizer streams of one tokenizer instance, and per-step batch handling (no bus).
+
+A stream is opened when this instance encodes a request and lives until its
+final TextDelta, a DetokRelease, or ``idle_timeout`` without traffic.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from libs.protocol.messages import DetokBatch, ErrorInfo, TextDelta, TokenDelta, Usage
+
+from .detok import DecodeState, Detokenizer, StepResult
+
+
+@dataclass(eq=False)
+class Stream:
+    rid: str
+    gateway: str
+    prompt_tokens: int
+    decode: DecodeState
+    last_seen: float
+    cached_tokens: int = 0
+
+
+@dataclass
+class StepOutput:
+    """What one DetokBatch produced: deltas per gateway, rids to abort on the scheduler.
+
+    ``aborts`` maps rid -> reason for requests this tokenizer ended while the
+    scheduler still runs them ("stop": a stop string matched; "error").
+    """
+
+    per_gateway: dict[str, list[TextDelta]] = field(default_factory=dict)
+    aborts: dict[str, str] = field(default_factory=dict)
+
+
+class Streams:
+    """rid -> Stream, plus the step function that turns token deltas into text deltas."""
+
+    def __init__(self, detok: Detokenizer, clock: Callable[[], float] = time.monotonic) -> None:
+        self._detok = detok
+        self._clock = clock
+        self._streams: dict[str, Stream] = {}
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._streams
+
+    def open(
+        self, rid: str, gateway: str, prompt_tokens: int,
+        stop: list[str], skip_special_tokens: bool,
+    ) -> None:
+        """Start (or restart, for a retried encode) the stream of ``rid``."""
+        state = DecodeState(skip_special_tokens=skip_special_tokens, stop=tuple(stop))
+        self._streams[rid] = Stream(rid, gateway, prompt_tokens, state, self._clock())
+
+    def release(self, rids: list[str]) -> int:
+        """Drop streams; returns how many existed."""
+        return sum(self._streams.pop(rid, None) is not None for rid in rids)
+
+    def sweep(self, idle_timeout: float) -> list[str]:
+        """Drop streams idle for more than ``idle_timeout`` seconds; returns their rids."""
+        cutoff = self._clock() - idle_timeout
+        idle = [rid for rid, s in self._streams.items() if s.last_seen < cutoff]
+        self.release(idle)
+        return idle
+
+    def step(self, batch: DetokBatch) -> StepOutput:
+        """Detokenize one scheduler step. Unknown rids (already finished) are ignored."""
+        now = self._clock()
+        pairs = [(s, item) for item in batch.items if (s := self._streams.get(item.rid))]
+        results = self._detok.step(
+            [s.decode for s, _ in pairs],
+            [item.token_ids for _, item in pairs],
+            [item.finish_reason is not None for _, item in pairs],
+        )
+        out = StepOutput()
+        for (stream, item), res in zip(pairs, results):
+            stream.last_seen = now
+            stream.cached_tokens = max(stream.cached_tokens, item.cached_tokens)
+            delta = self._delta(stream, item, res)
+            if delta is None:
+                continue
+            out.per_gateway.setdefault(stream.gateway, []).append(delta)
+            if delta.finish_reason is not None:
+                del self._streams[stream.rid]
+                if item.finish_reason is None:
+                    out.aborts[stream.rid] = delta.finish_reason
+        return out
+
+    def _delta(self, stream: Stream, item: TokenDelta, res: StepResult) -> TextDelta | None:
+        finish, error = item.finish_reason, item.error
+        if res.error is not None and finish is None:
+            finish, error = "error", ErrorInfo(code="internal_error", message=res.error)
+        elif res.stopped and finish is None:
+            finish = "stop"
+        if finish is None:
+            if not res.text and not item.token_ids:
+                return None
+            return TextDelta(rid=stream.rid, text=res.text, token_ids=item.token_ids)
+        usage = Usage(
+            prompt_tokens=item.prompt_tokens or stream.prompt_tokens,
+            completion_tokens=item.completion_tokens or stream.decode.num_tokens,
+            cached_tokens=stream.cached_tokens,
+        )
+        return TextDelta(
+            rid=stream.rid, text=res.text, token_ids=item.token_ids,
+            finish_reason=finish, error=error, usage=usage,
+        )

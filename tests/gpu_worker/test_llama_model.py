@@ -1,0 +1,86 @@
+"""Our Llama-family model against HF on tiny random checkpoints (Qwen2 bias, llama3 RoPE, legacy keys)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from libs.protocol.messages import ForwardBatch, NewRow
+from services.gpu_worker import ModelRunner, RunnerConfig
+from services.gpu_worker.config import ModelConfig
+
+SMALL = dict(
+    vocab_size=300, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+    num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+)
+
+
+def _save_random(model, path):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.5 + (1.0 if "norm" in name else 0.0))
+    model.eval().save_pretrained(path)
+    return model
+
+
+def _edit_config(path, fn):
+    cfg = json.loads((path / "config.json").read_text())
+    fn(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def _compare(path, hf):
+    runner = ModelRunner(RunnerConfig(model=str(path), kv_slots=256, max_requests=4))
+    prompts = [[5, 17, 250, 3, 9, 44, 101], [7], [299, 0, 12, 12, 80]]
+    batch = ForwardBatch(
+        step=0, new_rows=[NewRow(row=r, temperature=0.0, top_p=1.0, top_k=-1, seed=0) for r in range(3)],
+        rows=[2, 0, 1], prefix_lens=[0, 0, 0], extend_lens=[len(p) for p in prompts],
+        input_ids=[t for p in prompts for t in p], out_slots=list(range(100, 113)),
+    )
+    ours = runner.logits(batch)
+    with torch.no_grad():
+        for got, ids in zip(ours, prompts):
+            ref = hf(torch.tensor([ids])).logits[0, -1]
+            assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
+    return runner
+
+
+def test_qwen2_with_qkv_bias(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hf = _save_random(Qwen2ForCausalLM(Qwen2Config(**SMALL)), tmp_path)
+    runner = _compare(tmp_path, hf)
+    assert runner.model.weights.layers[0].qkv_bias is not None
+    assert runner.model.weights.lm_head is not runner.model.weights.embed
+
+
+def test_llama3_rope_and_legacy_config_keys(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    hf = _save_random(LlamaForCausalLM(LlamaConfig(**SMALL, rope_parameters=rope)), tmp_path)
+
+    def legacy(cfg):  # pre-v5 layout: top-level rope_theta, rope_scaling, no head_dim
+        params = cfg.pop("rope_parameters")
+        cfg["rope_theta"] = params.pop("rope_theta")
+        cfg["rope_scaling"] = params
+        cfg.pop("head_dim", None)
+        cfg["eos_token_id"] = [2, 7]
+
+    _edit_config(tmp_path, legacy)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
+    cfg = ModelConfig.from_dir(tmp_path)
+    assert (cfg.rope_theta, cfg.head_dim, cfg.eos_token_ids) == (50000.0, 16, (2, 7, 9))
+    runner = _compare(tmp_path, hf)
+    assert runner.eos_token_ids == [2, 7, 9] and runner.max_model_len == 256
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        ModelConfig.from_dir(tmp_path)
