@@ -173,6 +173,7 @@ class SubmitRequest(Base, tag="submit.v1"):
     input_ids: list[int]
     sampling: SamplingParams
     detok_instance: str
+    cache_salt: str = ""  # prefix-cache namespace: equal tokens in two salts never share KV
 
 
 class SubmitReply(Base, tag="submit_reply.v1"):
@@ -220,6 +221,42 @@ class SchedStats(Base, tag="sched_stats_reply.v1"):
     batch_size_hist: dict[int, int]
     tokens_generated: int
     requests_finished: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    retractions: int = 0
+    cache_enabled: bool = True
+    evictable_slots: int = 0
+    protected_slots: int = 0
+    worker_idle_fraction: float = 0.0
+
+
+class FlushRequest(Base, tag="flush.v1"):
+    pass
+
+
+class FlushReply(Base, tag="flush_reply.v1"):
+    worker_id: str
+    freed_slots: int
+
+
+class KVEvent(Base, array_like=True):
+    """Pages stored in or removed from a worker's prefix cache, or a full clear."""
+
+    kind: Literal["stored", "removed", "cleared"]
+    namespace: str
+    block_hashes: list[int]
+
+
+class KVEventBatch(Base, tag="kv_events.v1"):
+    """Events of one scheduler step; ``seq`` numbers them per (worker, epoch):
+    event i of this batch has sequence number seq + i. A new epoch means the
+    cache restarted empty."""
+
+    worker_id: str
+    epoch: int
+    seq: int
+    page_size: int
+    events: list[KVEvent]
 
 
 # -- gateway ----------------------------------------------------------------

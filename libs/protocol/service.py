@@ -21,6 +21,7 @@ from typing import Awaitable, Callable
 from .bus import Bus
 from .messages import Ping, Pong
 from .subjects import Subjects
+from .telemetry import configure_tracing
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -84,6 +85,7 @@ Body = Callable[[ServiceContext], Awaitable[None]]
 
 async def run_service(service: str, config: CommonConfig, body: Body) -> None:
     """Connect, start ``body`` (which registers its handlers), serve until stopped."""
+    configure_tracing(service, config.instance)  # no-op unless OTEL_EXPORTER_OTLP_* is set
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -45,6 +45,12 @@ class Subjects:
     def index_load_all(self) -> str:
         return self._s("index", "load", "*")
 
+    def index_events(self, worker: str) -> str:
+        return self._s("index", "events", check_token(worker))
+
+    def index_events_all(self) -> str:
+        return self._s("index", "events", "*")
+
     def index_release(self) -> str:
         return self._s("index", "release")
 
@@ -60,6 +66,9 @@ class Subjects:
 
     def sched_stats(self, worker: str) -> str:
         return self._s("sched", check_token(worker), "stats")
+
+    def sched_flush(self, worker: str) -> str:
+        return self._s("sched", check_token(worker), "flush")
 
     # gpu worker
     def worker_announce(self) -> str:

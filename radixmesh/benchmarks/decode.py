@@ -40,7 +40,7 @@ def bench_in_process(runner: ModelRunner, prompts: list[list[int]], steps: int) 
                       max_requests=runner.config.max_requests, max_model_len=runner.max_model_len,
                       vocab_size=runner.vocab_size, eos_token_ids=runner.eos_token_ids,
                       dtype=runner.config.dtype)
-    batcher = Batcher(info, BatcherConfig(max_prefill_tokens=1 << 30))
+    batcher = Batcher(info, BatcherConfig(chunked_prefill_size=1 << 30, enable_cache=False))
     for i, ids in enumerate(prompts):
         batcher.submit(Req(rid=f"r{i}", input_ids=ids, detok_instance="t", sampling=SamplingParams(
             max_new_tokens=steps + 1, temperature=0.0, ignore_eos=True)))

@@ -11,6 +11,7 @@ from libs.protocol.service import (
 )
 
 from .batcher import BatcherConfig
+from .policy import POLICIES
 from .service import Scheduler, SchedulerConfig
 
 
@@ -22,8 +23,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=int(env("RADIXMESH_MAX_RUNNING_REQUESTS", "256")))
     p.add_argument("--max-queued-requests", type=int,
                    default=int(env("RADIXMESH_MAX_QUEUED_REQUESTS", "4096")))
-    p.add_argument("--max-prefill-tokens", type=int, default=8192,
-                   help="prompt tokens admitted per step (a longer prompt runs alone)")
+    p.add_argument("--chunked-prefill-size", type=int,
+                   default=int(env("RADIXMESH_CHUNKED_PREFILL_SIZE", "1024")),
+                   help="prefill tokens per step; longer prompts run in chunks beside decodes")
+    p.add_argument("--schedule-policy", choices=POLICIES, default="fcfs")
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="no prefix reuse: every request computes its whole prompt")
+    p.add_argument("--page-size", type=int, default=1, help="prefix-cache match granularity")
+    p.add_argument("--eviction-policy", choices=["lru", "lfu"], default="lru")
+    p.add_argument("--retract-interval", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--max-workers", type=int, default=0, help="0: adopt every free worker")
     p.add_argument("--lease-s", type=float, default=5.0)
     p.add_argument("--forward-timeout", type=float, default=300.0)
@@ -35,7 +43,12 @@ def build_config(args: argparse.Namespace) -> SchedulerConfig:
         batcher=BatcherConfig(
             max_running_requests=args.max_running_requests,
             max_queued_requests=args.max_queued_requests,
-            max_prefill_tokens=args.max_prefill_tokens,
+            chunked_prefill_size=args.chunked_prefill_size,
+            schedule_policy=args.schedule_policy,
+            enable_cache=not args.disable_radix_cache,
+            page_size=args.page_size,
+            eviction_policy=args.eviction_policy,
+            retract_interval=args.retract_interval,
         ),
         max_workers=args.max_workers, lease_s=args.lease_s,
         forward_timeout=args.forward_timeout,

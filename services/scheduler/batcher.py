@@ -1,14 +1,17 @@
 """Continuous batching for one worker, with no I/O: queues in, ForwardBatch out.
 
-Each step the running requests decode one token and FCFS-admitted requests
-prefill their prompt in the same batch. Admission budgets KV slots: a request
-is admitted only if the free slots cover its whole prompt plus every token it
-may still generate, on top of what running requests may still need, so a
-running request never runs out of KV.
+Each step: running requests decode one token; prefills (new requests, resumed
+ones and unfinished chunks) fill the rest of the step's token budget
+(``chunked_prefill_size``), so a long prompt runs in chunks next to the
+decodes. A request starts from its cached prefix (radix tree) and only
+computes the rest. Admission budgets free + evictable slots against the
+expected growth of running requests; if decode still runs short, requests are
+retracted to the queue and later resume with the same output.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections import Counter, deque
 from dataclasses import dataclass
 
@@ -16,10 +19,13 @@ import numpy as np
 
 from libs.protocol import errors
 from libs.protocol.messages import (
-    ErrorInfo, ForwardBatch, ForwardResult, NewRow, SchedStats, TokenDelta, WorkerInfo,
+    ErrorInfo, ForwardBatch, ForwardResult, KVEvent, KVEventBatch, SchedStats, TokenDelta,
+    WorkerInfo,
 )
 
-from .allocator import RowAllocator, SlotAllocator
+from .allocator import RowAllocator
+from .kv_cache import KVCache
+from .planner import Plan, plan_step
 from .request import Req
 
 
@@ -27,25 +33,36 @@ from .request import Req
 class BatcherConfig:
     max_running_requests: int = 256
     max_queued_requests: int = 4096
-    max_prefill_tokens: int = 8192  # per step; a longer single prompt still runs alone
+    chunked_prefill_size: int = 1024
+    schedule_policy: str = "fcfs"
+    enable_cache: bool = True
+    page_size: int = 1
+    eviction_policy: str = "lru"
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+    retract_interval: int = 0  # testing: retract one running request every N steps
 
 
 class Batcher:
     def __init__(self, info: WorkerInfo, config: BatcherConfig) -> None:
         self.info = info
         self.config = config
-        self.slots = SlotAllocator(info.kv_slots)
+        self.epoch = secrets.randbits(62)
+        self._events: list[KVEvent] = []
+        self._event_seq = 0
+        self.cache = KVCache(info.kv_slots, config.enable_cache, config.page_size,
+                             config.eviction_policy, self._on_event)
         self.rows = RowAllocator(info.max_requests)
         self.eos = frozenset(info.eos_token_ids)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
+        self.new_token_ratio = config.init_new_token_ratio
         self._by_rid: dict[str, Req] = {}
-        self._reserved = 0  # tokens running requests may still append to KV
         self._out: list[tuple[str, TokenDelta]] = []
-        self._in_flight: list[Req] = []
+        self._plan: Plan | None = None
         self.steps = 0
-        self.tokens_generated = 0
-        self.requests_finished = 0
+        self.counters: Counter[str] = Counter()
         self.batch_sizes: Counter[int] = Counter()
 
     # -- intake ---------------------------------------------------------------
@@ -58,17 +75,19 @@ class Batcher:
                 f"server is busy: {len(self.waiting)} requests already queued "
                 f"(--max-queued-requests={self.config.max_queued_requests}); retry later"
             )
-        if req.prompt_len + req.sampling.max_new_tokens > self.info.max_model_len:
+        total = req.prompt_len + req.sampling.max_new_tokens
+        if total > self.info.max_model_len:
             raise errors.context_length_exceeded(
                 f"prompt ({req.prompt_len}) + max_new_tokens ({req.sampling.max_new_tokens}) "
                 f"exceeds the model's context length {self.info.max_model_len}"
             )
-        if req.max_total_len > self.info.kv_slots:
+        if total > self.info.kv_slots:
             raise errors.invalid_request(
-                f"request needs up to {req.max_total_len} KV slots; this worker has "
-                f"{self.info.kv_slots}: lower max_tokens"
+                f"request needs up to {total} KV slots; this worker has {self.info.kv_slots}: "
+                "lower max_tokens"
             )
-        if any(t < 0 or t >= self.info.vocab_size for t in req.input_ids):
+        ids = np.asarray(req.input_ids)
+        if not len(ids) or ids.min() < 0 or ids.max() >= self.info.vocab_size:
             raise errors.invalid_request(f"token ids must lie in [0, {self.info.vocab_size})")
         self.waiting.append(req)
         self._by_rid[req.rid] = req
@@ -87,67 +106,44 @@ class Batcher:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def flush_cache(self) -> int:
+        if self.has_work():
+            raise errors.invalid_request("cannot flush the cache while requests are running")
+        freed = self.cache.flush()
+        self.epoch, self._event_seq = secrets.randbits(62), 0
+        return freed
+
     # -- one step ---------------------------------------------------------------
 
     def next_batch(self) -> ForwardBatch | None:
-        """Admit what fits, allocate slots and build the step's ForwardBatch."""
+        """Plan the step (retract, admit, allocate) and build its ForwardBatch."""
         self._reap_aborted()
-        admitted = self._admit()
-        reqs = self.running + admitted
-        self.running = reqs
-        if not reqs:
+        plan = plan_step(self)
+        if not plan.items:
             return None
-        rows, prefix_lens, extend_lens, input_ids, new_rows = [], [], [], [], []
-        decode = [r for r in reqs if r.kv_len > 0]
-        # NOTE: decoding requests add one token each; their slots come in one bulk call.
-        decode_slots = self.slots.alloc(len(decode)) if decode else np.empty(0, np.int64)
-        out_slots: list[np.ndarray] = [decode_slots]
-        for i, r in enumerate(decode):
-            r.slots.append(decode_slots[i : i + 1])
-            rows.append(r.row)
-            prefix_lens.append(r.kv_len)
-            extend_lens.append(1)
-            input_ids.append(r.output_ids[-1])
-        for r in admitted:
-            slots = self.slots.alloc(r.prompt_len)
-            r.slots.append(slots)
-            out_slots.append(slots)
-            rows.append(r.row)
-            prefix_lens.append(0)
-            extend_lens.append(r.prompt_len)
-            input_ids.extend(r.input_ids)
-            new_rows.append(NewRow(
-                row=r.row, temperature=r.sampling.temperature, top_p=r.sampling.top_p,
-                top_k=r.sampling.top_k, seed=r.seed,
-            ))
-        self._in_flight = decode + admitted
+        self._plan = plan
         self.steps += 1
-        self.batch_sizes[len(self._in_flight)] += 1
-        return ForwardBatch(
-            step=self.steps, new_rows=new_rows, rows=rows, prefix_lens=prefix_lens,
-            extend_lens=extend_lens, input_ids=input_ids,
-            out_slots=np.concatenate(out_slots).tolist(),
-        )
+        self.batch_sizes[len(plan.items)] += 1
+        return plan.to_batch(self.steps)
 
     def complete(self, result: ForwardResult) -> None:
-        """Apply the sampled tokens of the batch returned by the last next_batch."""
-        reqs, self._in_flight = self._in_flight, []
-        if len(result.next_token_ids) != len(reqs):
-            raise errors.internal(
-                f"worker returned {len(result.next_token_ids)} tokens for {len(reqs)} requests"
-            )
-        for req, token in zip(reqs, result.next_token_ids):
-            req.kv_len += 1 if req.output_ids else req.prompt_len
+        """Apply the sampled tokens of the batch built by the last next_batch."""
+        plan, self._plan = self._plan, None
+        if plan is None or len(result.next_token_ids) != len(plan.items):
+            raise errors.internal("worker result does not match the step it answers")
+        decoded = 0
+        for (req, n), token in zip(plan.items, result.next_token_ids):
+            req.kv_len += n
             if req.aborted:
                 self._finish(req, "abort")
-                continue
-            req.output_ids.append(token)
-            self.tokens_generated += 1
-            reason = self._finish_reason(req, token)
-            if reason:
-                self._finish(req, reason, [token])
+            elif req.kv_len < req.fill_len:
+                self.cache.cache_prefix(req)  # a prefill chunk: share it early
             else:
-                self._out.append((req.detok_instance, TokenDelta(rid=req.rid, token_ids=[token])))
+                decoded += n == 1
+                self._append(req, token, prefilled=n > 1 or not req.output_ids)
+        if decoded:
+            self.new_token_ratio = max(self.config.min_new_token_ratio,
+                                       self.new_token_ratio - self.config.new_token_ratio_decay)
         self.running = [r for r in self.running if r.finish_reason is None]
 
     def fail_all(self, error: ErrorInfo) -> None:
@@ -157,54 +153,83 @@ class Batcher:
             self._finish(req, "error")
         self.waiting.clear()
         self.running = []
-        self._in_flight = []
+        self._plan = None
 
     def take_deltas(self) -> list[tuple[str, TokenDelta]]:
         """(detok instance, delta) pairs produced since the last call."""
         out, self._out = self._out, []
         return out
 
+    def take_events(self) -> KVEventBatch | None:
+        if not self._events:
+            return None
+        events, self._events = self._events, []
+        batch = KVEventBatch(worker_id=self.info.worker_id, epoch=self.epoch,
+                             seq=self._event_seq, page_size=self.config.page_size, events=events)
+        self._event_seq += len(events)
+        return batch
+
     def stats(self) -> SchedStats:
+        size = self.cache.tree.size_info() if self.cache.tree else (0, 0)
+        c = self.counters
         return SchedStats(
             worker_id=self.info.worker_id, steps=self.steps, running=len(self.running),
-            waiting=len(self.waiting), free_slots=self.slots.num_free,
+            waiting=len(self.waiting), free_slots=self.cache.free,
             max_batch_size=max(self.batch_sizes, default=0),
-            batch_size_hist=dict(self.batch_sizes), tokens_generated=self.tokens_generated,
-            requests_finished=self.requests_finished,
+            batch_size_hist=dict(self.batch_sizes), tokens_generated=c["generated"],
+            requests_finished=c["finished"], prompt_tokens=c["prompt"], cached_tokens=c["cached"],
+            retractions=c["retractions"], cache_enabled=self.cache.tree is not None,
+            evictable_slots=size[0], protected_slots=size[1],
         )
 
     # -- internals -------------------------------------------------------------
 
-    def _admit(self) -> list[Req]:
-        admitted: list[Req] = []
-        budget = self.config.max_prefill_tokens
-        while self.waiting:
-            req = self.waiting[0]
-            if len(self.running) + len(admitted) >= self.config.max_running_requests:
-                break
-            if self.rows.num_free == 0:
-                break
-            if self.slots.num_free - self._reserved < req.max_total_len:
-                break
-            if admitted and req.prompt_len > budget:
-                break
-            self.waiting.popleft()
-            req.row = self.rows.alloc()
-            self._reserved += req.max_total_len
-            budget -= req.prompt_len
-            admitted.append(req)
-        return admitted
+    def admit(self, req: Req) -> None:
+        """Called by the planner: give ``req`` a row and its cached prefix."""
+        self.waiting.remove(req)
+        req.row = self.rows.alloc()
+        req.new_row = True
+        self.cache.admit(req)
+        if not req.retractions:
+            req.cached_tokens = req.kv_len
+            self.counters["prompt"] += req.prompt_len
+            self.counters["cached"] += req.kv_len
+        self.running.append(req)
+
+    def _append(self, req: Req, token: int, prefilled: bool) -> None:
+        req.output_ids.append(token)
+        self.counters["generated"] += 1
+        reason = self._finish_reason(req, token)
+        if reason:
+            self._finish(req, reason, [token])
+            return
+        self._out.append((req.detok_instance, TokenDelta(rid=req.rid, token_ids=[token])))
+        if prefilled:
+            self.cache.cache_prefix(req)  # the prompt is now shareable
 
     def _finish_reason(self, req: Req, token: int) -> str | None:
         if token in req.sampling.stop_token_ids:
             return "stop"
         if not req.sampling.ignore_eos and token in self.eos:
             return "stop"
-        if req.remaining_tokens <= 0:
-            return "length"
-        if req.prompt_len + len(req.output_ids) >= self.info.max_model_len:
+        if req.remaining_tokens <= 0 or req.fill_len >= self.info.max_model_len:
             return "length"
         return None
+
+    def retract(self, req: Req) -> None:
+        """Called by the planner: back to the queue front, KV cached, slots freed."""
+        self._release(req)
+        self.running.remove(req)
+        req.retractions += 1
+        self.counters["retractions"] += 1
+        self.waiting.appendleft(req)
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
+
+    def _release(self, req: Req) -> None:
+        if req.row >= 0:
+            self.cache.release(req)
+            self.rows.free(req.row)
+            req.row = -1
 
     def _reap_aborted(self) -> None:
         for req in [r for r in self.running if r.aborted]:
@@ -213,16 +238,14 @@ class Batcher:
 
     def _finish(self, req: Req, reason: str, tokens: list[int] | None = None) -> None:
         req.finish_reason = reason
-        if req.row >= 0:
-            self.slots.free(req.all_slots())
-            req.slots.clear()
-            self.rows.free(req.row)
-            self._reserved -= req.max_total_len
-            req.row = -1
+        self._release(req)
         self._by_rid.pop(req.rid, None)
-        self.requests_finished += 1
+        self.counters["finished"] += 1
         self._out.append((req.detok_instance, TokenDelta(
             rid=req.rid, token_ids=tokens or [], finish_reason=reason, error=req.error,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
         )))
+
+    def _on_event(self, kind: str, namespace: str, hashes: list[int]) -> None:
+        self._events.append(KVEvent(kind=kind, namespace=namespace, block_hashes=hashes))

@@ -1,4 +1,16 @@
-"""A request as the scheduler tracks it."""
+"""A request as the scheduler tracks it.
+
+KV positions of a request, and who owns their slots::
+
+    0 ........ tree_len ............ kv_len ........ len(fill)
+    |  in the radix tree, locked    | the request's  | not computed yet
+    |  through lock_node (slots may | own slots      | (prefill chunks
+    |  be the request's duplicates, |                |  still to run)
+    |  listed in dup_slots)         |                |
+
+``fill`` is prompt + output so far: a retracted request resumes by prefilling
+it again (mostly from the cache) and continues with the same output.
+"""
 
 from __future__ import annotations
 
@@ -11,21 +23,27 @@ import numpy as np
 from libs.protocol.messages import ErrorInfo, SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)
 class Req:
     rid: str
     input_ids: list[int]
     sampling: SamplingParams
     detok_instance: str
+    namespace: str = ""
     seed: int = field(default_factory=lambda: secrets.randbits(63))
     output_ids: list[int] = field(default_factory=list)
     row: int = -1
     kv_len: int = 0  # tokens whose K/V are in the pool
-    slots: list[np.ndarray] = field(default_factory=list)
+    slots: list[np.ndarray] = field(default_factory=list)  # slots of positions [0, kv_len)
+    tree_len: int = 0
+    lock_node: object | None = None
+    dup_slots: list[np.ndarray] = field(default_factory=list)
+    new_row: bool = False  # the worker has not seen this row's sampling state yet
     cached_tokens: int = 0
     finish_reason: str | None = None
     error: ErrorInfo | None = None
     aborted: bool = False
+    retractions: int = 0
     t_enqueue: float = field(default_factory=time.monotonic)
     t_admit: float = 0.0
 
@@ -38,9 +56,16 @@ class Req:
         return len(self.input_ids)
 
     @property
-    def max_total_len(self) -> int:
-        """KV slots this request can ever need (prompt + every output but the last)."""
-        return self.prompt_len + self.sampling.max_new_tokens
+    def fill_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    def fill(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def decoding(self) -> bool:
+        """Everything but the last sampled token is in KV: the next step decodes."""
+        return bool(self.output_ids) and self.kv_len == self.fill_len - 1
 
     @property
     def remaining_tokens(self) -> int:
@@ -49,4 +74,6 @@ class Req:
     def all_slots(self) -> np.ndarray:
         if not self.slots:
             return np.empty(0, dtype=np.int64)
-        return np.concatenate(self.slots)
+        if len(self.slots) > 1:
+            self.slots = [np.concatenate(self.slots)]
+        return self.slots[0]

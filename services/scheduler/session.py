@@ -9,7 +9,7 @@ import time
 
 from libs.protocol import Bus, Subjects
 from libs.protocol.messages import (
-    AbortRequest, ErrorInfo, LeaseRenew, LoadReport, SchedStats, SchedStatsRequest,
+    AbortRequest, ErrorInfo, FlushReply, FlushRequest, LeaseRenew, LoadReport, SchedStats, SchedStatsRequest,
     SubmitReply, SubmitRequest, WorkerInfo,
 )
 
@@ -46,6 +46,7 @@ class WorkerSession:
             await self.bus.subscribe(s.sched_submit(w), self._on_submit, SubmitRequest),
             await self.bus.subscribe(s.sched_abort(w), self._on_abort, AbortRequest),
             await self.bus.subscribe(s.sched_stats(w), self._on_stats, SchedStatsRequest),
+            await self.bus.subscribe(s.sched_flush(w), self._on_flush, FlushRequest),
         ]
         self._tasks = [
             asyncio.create_task(self._run_loop()),
@@ -75,7 +76,7 @@ class WorkerSession:
 
     async def _on_submit(self, msg: SubmitRequest) -> SubmitReply:
         req = Req(rid=msg.rid, input_ids=msg.input_ids, sampling=msg.sampling,
-                  detok_instance=msg.detok_instance)
+                  detok_instance=msg.detok_instance, namespace=msg.cache_salt)
         return SubmitReply(queue_position=self.loop.submit(req))
 
     async def _on_abort(self, msg: AbortRequest) -> None:
@@ -83,6 +84,11 @@ class WorkerSession:
 
     async def _on_stats(self, _: SchedStatsRequest) -> SchedStats:
         return self.loop.batcher.stats()
+
+    async def _on_flush(self, _: FlushRequest) -> FlushReply:
+        freed = self.loop.batcher.flush_cache()
+        await self.loop.flush()  # the "cleared" event goes out now
+        return FlushReply(worker_id=self.worker_id, freed_slots=freed)
 
     # -- background tasks ------------------------------------------------------
 
@@ -105,7 +111,7 @@ class WorkerSession:
             await self.bus.publish(subject, LoadReport(
                 worker_id=self.worker_id, scheduler_id=self.scheduler_id, model=self.info.model,
                 running=len(batcher.running), waiting=len(batcher.waiting),
-                free_slots=batcher.slots.num_free, total_slots=self.info.kv_slots,
+                free_slots=batcher.cache.available, total_slots=self.info.kv_slots,
                 max_model_len=self.info.max_model_len, ts=time.time(),
             ))
             await asyncio.sleep(LOAD_INTERVAL_S)

@@ -76,7 +76,11 @@ class WorkerLoop:
         self.batcher.fail_all(error)
 
     async def flush(self) -> None:
-        """Publish this step's deltas: one DetokBatch per tokenizer instance."""
+        """Publish this step's KV events, then its deltas: one DetokBatch per
+        tokenizer instance."""
+        events = self.batcher.take_events()
+        if events is not None:
+            await self.bus.publish(self.subjects.index_events(self.worker_id), events)
         deltas = self.batcher.take_deltas()
         if not deltas:
             return

@@ -1,0 +1,135 @@
+"""Plan one step: make room for decodes, continue chunked prefills, admit new work.
+
+Token budget per step = ``chunked_prefill_size`` prefill tokens (decodes are
+extra). A request is admitted only if available KV (free + evictable) covers
+its uncached prompt plus its expected output (remaining x new_token_ratio) on
+top of the expected growth of everything already running.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from libs.protocol.messages import ForwardBatch, NewRow
+
+from .policy import order
+from .request import Req
+
+if TYPE_CHECKING:
+    from .batcher import Batcher
+
+SHARE_PROBE = 32  # tokens past the cached prefix that mark two prompts as sharing
+
+
+@dataclass
+class Plan:
+    items: list[tuple[Req, int]] = field(default_factory=list)  # (request, tokens this step)
+    slots: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    retracted: list[Req] = field(default_factory=list)
+
+    def to_batch(self, step: int) -> ForwardBatch:
+        rows, prefix, extend, ids, new_rows = [], [], [], [], []
+        for req, n in self.items:
+            rows.append(req.row)
+            prefix.append(req.kv_len)
+            extend.append(n)
+            if req.decoding:
+                ids.append(req.output_ids[-1])
+            else:
+                ids.extend(req.fill()[req.kv_len : req.kv_len + n])
+            if req.new_row:
+                req.new_row = False
+                new_rows.append(NewRow(
+                    row=req.row, temperature=req.sampling.temperature, top_p=req.sampling.top_p,
+                    top_k=req.sampling.top_k, seed=req.seed,
+                    prefix_slots=req.all_slots()[: req.kv_len].tolist(),
+                ))
+        return ForwardBatch(step=step, new_rows=new_rows, rows=rows, prefix_lens=prefix,
+                            extend_lens=extend, input_ids=ids, out_slots=self.slots.tolist())
+
+
+def plan_step(b: "Batcher") -> Plan:
+    plan = Plan()
+    cfg = b.config
+    if cfg.retract_interval and b.steps and b.steps % cfg.retract_interval == 0:
+        decoding = [r for r in b.running if r.decoding]
+        if len(decoding) > 1:
+            _retract(b, plan, _victims(decoding)[0])
+    decode = [r for r in b.running if r.decoding]
+    while decode and b.cache.available < len(decode) and len(b.running) > 1:
+        victim = _victims(b.running)[0]
+        _retract(b, plan, victim)
+        if victim in decode:
+            decode.remove(victim)
+    plan.items = [(r, 1) for r in decode]
+    used = len(decode)
+    budget = cfg.chunked_prefill_size
+    for req in [r for r in b.running if not r.decoding]:  # unfinished prefills first
+        n = min(budget, req.fill_len - req.kv_len, b.cache.available - used)
+        if n > 0:
+            plan.items.append((req, n))
+            used, budget = used + n, budget - n
+    if not plan.retracted:
+        used = _admit(b, plan, used, budget)
+    if plan.items:
+        _allocate(b, plan, used)
+    return plan
+
+
+def _admit(b: "Batcher", plan: Plan, used: int, budget: int) -> int:
+    cfg = b.config
+    ratio = b.new_token_ratio
+    reserved = sum(math.ceil(r.remaining_tokens * ratio) for r in b.running)
+    for req in order(cfg.schedule_policy, b.waiting, b.cache):
+        if budget <= 0 or b.rows.num_free == 0 or len(b.running) >= cfg.max_running_requests:
+            break
+        matched = b.cache.prefix_len(req)
+        if _shares_running_prefill(b, req, matched):
+            continue  # wait one step: it will hit the prefix that is being computed
+        extend = req.fill_len - matched
+        expected = math.ceil(req.remaining_tokens * ratio)
+        # NOTE: locking the matched prefix takes it out of the evictable pool.
+        if b.cache.available - matched - used - reserved < extend + expected:
+            break
+        b.admit(req)
+        n = min(budget, req.fill_len - req.kv_len)
+        plan.items.append((req, n))
+        used, budget, reserved = used + n, budget - n, reserved + expected
+    return used
+
+
+def _shares_running_prefill(b: "Batcher", req: Req, matched: int) -> bool:
+    if b.cache.tree is None:
+        return False
+    fill = req.fill()
+    end = matched + SHARE_PROBE
+    if len(fill) < end:
+        return False
+    probe = fill[:end]
+    return any(
+        r.namespace == req.namespace and r.kv_len < end and r.fill_len >= end
+        and r.fill()[:end] == probe
+        for r in b.running if not r.decoding
+    )
+
+
+def _victims(reqs: list[Req]) -> list[Req]:
+    """Cheapest to redo first: fewest outputs, then longest prompt."""
+    return sorted(reqs, key=lambda r: (len(r.output_ids), -r.prompt_len))
+
+
+def _retract(b: "Batcher", plan: Plan, req: Req) -> None:
+    b.retract(req)
+    plan.retracted.append(req)
+
+
+def _allocate(b: "Batcher", plan: Plan, total: int) -> None:
+    plan.slots = b.cache.alloc(total)
+    start = 0
+    for req, n in plan.items:
+        req.slots.append(plan.slots[start : start + n])
+        start += n
