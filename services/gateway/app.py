@@ -20,6 +20,7 @@ from .openapi import openapi_document
 from .routes import GatewaySettings, GenerationRoutes, Submitter, endpoint, json_response
 
 HealthCheck = Callable[[], Awaitable[HealthReport]]
+FlushCache = Callable[[], Awaitable[dict]]
 OPEN_PATHS = frozenset({"/health", "/openapi.json"})
 
 
@@ -41,7 +42,8 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthCheck) -> Starlette:
+def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthCheck,
+               flush_cache: FlushCache | None = None) -> Starlette:
     """The gateway's ASGI app; ``pipeline`` is usually a started :class:`Pipeline`."""
     gen = GenerationRoutes(pipeline, settings)
     created = int(time.time())
@@ -63,6 +65,11 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
         report = await health()
         return json_response(report.body, 200 if report.ok else 503)
 
+    async def post_flush_cache(_: Request) -> Response:
+        if flush_cache is None:
+            raise ApiError(404, "cache flushing is not enabled on this gateway", code="not_found")
+        return json_response(await flush_cache())
+
     async def get_openapi(_: Request) -> Response:
         return Response(openapi, media_type="application/json")
 
@@ -73,6 +80,7 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
         Route("/v1/models", endpoint(list_models), methods=["GET"]),
         Route("/v1/models/{model:path}", endpoint(get_model), methods=["GET"]),
         Route("/health", endpoint(get_health), methods=["GET"]),
+        Route("/flush_cache", endpoint(post_flush_cache), methods=["POST"]),
         Route("/openapi.json", get_openapi, methods=["GET"]),
     ]
     middleware = [Middleware(ApiKeyMiddleware, api_key=settings.api_key)] if settings.api_key else []

@@ -68,6 +68,7 @@ def generate_request(body: GenerateRequest) -> GenerationRequest:
         top_k=_top_k(sp.top_k, "sampling_params.top_k"), seed=sp.seed,
         stop=_stop(sp.stop), stop_token_ids=sp.stop_token_ids or [],
         ignore_eos=sp.ignore_eos, skip_special_tokens=sp.skip_special_tokens,
+        cache_salt=body.cache_salt or "",
     )
 
 
@@ -85,7 +86,7 @@ def _sampling(body: OpenAIRequestBase) -> GenerationRequest:
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=_top_k(body.top_k, "top_k"), seed=body.seed, stop=_stop(body.stop),
         stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos,
-        skip_special_tokens=body.skip_special_tokens,
+        skip_special_tokens=body.skip_special_tokens, cache_salt=body.cache_salt or "",
     )
 
 

@@ -52,6 +52,11 @@ def openapi_document(title: str = "radixmesh gateway", version: str = "0.1.0") -
             "/generate": _post("SGLang native generate", generate),
             "/v1/models": _get("served models"),
             "/health": health,
+            "/flush_cache": {"post": {
+                "summary": "empty every worker's prefix cache (400 while requests run)",
+                "responses": {"200": {"description": "slots freed per worker"},
+                              "400": {"description": "a worker is serving requests"}},
+            }},
         },
         "components": {
             "schemas": components,

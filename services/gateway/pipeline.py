@@ -55,6 +55,7 @@ class GenerationRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    cache_salt: str = ""
 
     def sampling(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(
@@ -162,7 +163,7 @@ class Pipeline:
         exclude: list[str] = []
         submit = SubmitRequest(
             rid=rid, input_ids=enc.input_ids, sampling=req.sampling(enc.max_new_tokens),
-            detok_instance=enc.detok_instance,
+            detok_instance=enc.detok_instance, cache_salt=req.cache_salt,
         )
         while True:
             route = await self.bus.request(

@@ -18,6 +18,8 @@ TokenId = Annotated[int, Meta(ge=0)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 Stop = str | Annotated[list[str], Meta(max_length=MAX_STOP)]
+# prefix-cache namespace: requests with different salts never share cached KV
+CacheSalt = Annotated[str, Meta(max_length=256)]
 
 
 class _Body(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -59,6 +61,7 @@ class OpenAIRequestBase(_Body, kw_only=True):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stop_token_ids: list[TokenId] | None = None
+    cache_salt: CacheSalt | None = None
 
 
 class ChatCompletionRequest(OpenAIRequestBase, kw_only=True):
@@ -95,6 +98,7 @@ class GenerateRequest(_Body, kw_only=True):
     input_ids: Annotated[list[TokenId], Meta(min_length=1)] | None = None
     sampling_params: SamplingParamsBody = msgspec.field(default_factory=SamplingParamsBody)
     stream: bool = False
+    cache_salt: CacheSalt | None = None
 
 
 REQUEST_TYPES = (ChatCompletionRequest, CompletionRequest, GenerateRequest)

@@ -13,6 +13,7 @@ import uvicorn
 from libs.protocol.service import ServiceContext
 
 from .app import create_app
+from .admin import CacheAdmin
 from .health import BusHealth
 from .pipeline import Pipeline, PipelineConfig
 from .routes import GatewaySettings
@@ -90,7 +91,8 @@ def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server
                             worker_model or settings.served_model_name, pipeline_cfg)
         await pipeline.start()
         ctx.stack.push_async_callback(pipeline.stop)
-        app = create_app(pipeline, settings, BusHealth(ctx.bus, ctx.subjects))
+        app = create_app(pipeline, settings, BusHealth(ctx.bus, ctx.subjects),
+                         CacheAdmin(ctx.bus, ctx.subjects).flush)
         url = await serve_http(ctx, app, server_cfg, ctx.config.log_level)
         ctx.detail.update(url=url, model=settings.served_model_name)
         log.info("gateway listening on %s (model %s)", url, settings.served_model_name)
