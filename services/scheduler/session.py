@@ -7,6 +7,8 @@ import contextlib
 import logging
 import time
 
+import msgspec
+
 from libs.protocol import Bus, Subjects
 from libs.protocol.messages import (
     AbortRequest, ErrorInfo, FlushReply, FlushRequest, LeaseRenew, LoadReport, SchedStats, SchedStatsRequest,
@@ -83,7 +85,8 @@ class WorkerSession:
         self.loop.abort(msg.rid, msg.reason)
 
     async def _on_stats(self, _: SchedStatsRequest) -> SchedStats:
-        return self.loop.batcher.stats()
+        return msgspec.structs.replace(self.loop.batcher.stats(),
+                                       worker_idle_fraction=self.loop.idle_fraction)
 
     async def _on_flush(self, _: FlushRequest) -> FlushReply:
         freed = self.loop.batcher.flush_cache()

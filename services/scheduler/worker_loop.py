@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 
 from libs.protocol import Bus, ServiceError, Subjects
@@ -31,6 +32,16 @@ class WorkerLoop:
         self.forward_timeout = forward_timeout
         self._wake = asyncio.Event()
         self._stopped = False
+        # worker idle fraction: time between consecutive sends vs time computing
+        self._last_send: float | None = None
+        self._last_forward_s = 0.0
+        self.active_s = 0.0
+        self.busy_s = 0.0
+
+    @property
+    def idle_fraction(self) -> float:
+        """Share of the time the worker waited for its next step while work was queued."""
+        return max(0.0, 1.0 - self.busy_s / self.active_s) if self.active_s else 0.0
 
     def submit(self, req: Req) -> int:
         position = self.batcher.submit(req)
@@ -49,19 +60,25 @@ class WorkerLoop:
         """Step until stopped; raises WorkerLost after failing every request."""
         forward = self.subjects.worker_forward(self.worker_id)
         while not self._stopped:
-            await self.flush()
             if not self.batcher.has_work():
+                await self.flush()
+                self._last_send = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             batch = self.batcher.next_batch()
             if batch is None:
+                await self.flush()
                 await asyncio.sleep(0.005)
                 continue
+            self._account_send()
+            step = asyncio.ensure_future(
+                self.bus.request(forward, batch, ForwardResult, timeout=self.forward_timeout))
+            # NOTE: the previous step's deltas and KV events go out while this one runs.
+            await self.flush()
             try:
-                result = await self.bus.request(
-                    forward, batch, ForwardResult, timeout=self.forward_timeout
-                )
+                result = await step
+                self._last_forward_s = result.forward_ms / 1e3
                 self.batcher.complete(result)
             except ServiceError as exc:
                 log.error("worker %s failed step %d: %s", self.worker_id, batch.step, exc)
@@ -71,6 +88,13 @@ class WorkerLoop:
                 ))
                 await self.flush()
                 raise WorkerLost(str(exc)) from exc
+
+    def _account_send(self) -> None:
+        now = time.perf_counter()
+        if self._last_send is not None:
+            self.active_s += now - self._last_send
+            self.busy_s += self._last_forward_s
+        self._last_send = now
 
     def fail_all(self, error: ErrorInfo) -> None:
         self.batcher.fail_all(error)

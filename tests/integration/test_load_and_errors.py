@@ -31,7 +31,9 @@ async def test_32_concurrent_requests_are_batched(stack, stack_bus):
     assert after.requests_finished - before.requests_finished == 32
     assert after.max_batch_size >= 8, after.batch_size_hist
     assert after.running == 0 and after.waiting == 0
-    assert after.free_slots == worker.total_slots  # every KV slot came back
+    # every KV slot came back: free, or held only by the prefix cache (evictable)
+    assert after.free_slots + after.evictable_slots == worker.total_slots
+    assert after.protected_slots == 0
 
 
 BAD = [
