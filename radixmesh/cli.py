@@ -1,4 +1,5 @@
-"""The ``radixmesh`` command: ``radixmesh up`` starts the local stack."""
+"""The ``radixmesh`` command: ``radixmesh up`` starts the local stack, ``radixmesh bench``
+benchmarks one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from .bench import cli as bench_cli
 from .launcher import LocalStack, StackConfig, StackError
 
 
@@ -61,9 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     up.add_argument("--log-dir", default="logs")
     up.add_argument("--startup-timeout", type=float, default=300.0)
+    bench = sub.add_parser("bench", help="benchmark the stack against baselines, side by side",
+                           description=bench_cli.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_cli.add_arguments(bench)
     args = parser.parse_args(argv)
     if args.command == "up":
         return _up(args)
+    if args.command == "bench":
+        return bench_cli.run(args)
     return 2
 
 

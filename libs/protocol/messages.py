@@ -113,10 +113,15 @@ class DetokRelease(Base, tag="detok_release.v1"):
 
 
 class RouteRequest(Base, tag="route.v1"):
+    """Pick a worker. ``input_ids`` + ``cache_salt`` let the index hash the
+    prompt's pages exactly as the schedulers do (libs.protocol.hashing)."""
+
     rid: str
     model: str
     num_tokens: int
     exclude: list[str] = []
+    input_ids: list[int] = []
+    cache_salt: str = ""
 
 
 class RouteReply(Base, tag="route_reply.v1"):
@@ -143,6 +148,9 @@ class LoadReport(Base, tag="load.v1"):
     total_slots: int
     max_model_len: int
     ts: float
+    queued_prefill_tokens: int = 0  # prompt tokens waiting or still to prefill
+    prefill_tps: float = 0.0  # measured prefill tokens/s (0: not measured yet)
+    decode_step_s: float = 0.0  # measured duration of a decode-only step
 
 
 class WorkerSummary(Base):
@@ -244,6 +252,20 @@ class KVEvent(Base, array_like=True):
 
     kind: Literal["stored", "removed", "cleared"]
     namespace: str
+    block_hashes: list[int]
+
+
+class SnapshotRequest(Base, tag="snapshot.v1"):
+    pass
+
+
+class KVSnapshot(Base, tag="snapshot_reply.v1"):
+    """Every page in a worker's prefix cache; events with seq >= ``seq`` follow it."""
+
+    worker_id: str
+    epoch: int
+    seq: int
+    page_size: int
     block_hashes: list[int]
 
 

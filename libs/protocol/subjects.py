@@ -70,6 +70,9 @@ class Subjects:
     def sched_flush(self, worker: str) -> str:
         return self._s("sched", check_token(worker), "flush")
 
+    def sched_snapshot(self, worker: str) -> str:
+        return self._s("sched", check_token(worker), "snapshot")
+
     # gpu worker
     def worker_announce(self) -> str:
         return self._s("worker", "announce")

@@ -17,7 +17,7 @@ from .service import CacheIndex
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="services.cache_index", description=__doc__)
     add_common_args(p, "cache_index")
-    p.add_argument("--policy", choices=sorted(POLICIES), default="least_load")
+    p.add_argument("--policy", choices=sorted(POLICIES), default="cache_aware")
     p.add_argument("--liveness-s", type=float, default=3.0,
                    help="a worker without a load report for this long leaves the routing set")
     args = p.parse_args(argv)

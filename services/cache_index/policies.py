@@ -1,43 +1,96 @@
-"""Routing policies: pick a worker for a request among the live ones."""
+"""Routing policies: pick a worker for a request among the live ones.
+
+``cache_aware`` scores each worker in seconds: the predicted time to first token
+(prefill tokens queued there plus this request's uncached ones, over the
+worker's measured prefill rate, plus one decode step) plus the cost of the
+recomputation itself (uncached tokens over the rate: capacity every later
+request loses). If load is badly skewed it falls back to least-load, so a hot
+prefix cannot pile everything onto one worker.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import random
+from dataclasses import dataclass
 from typing import Callable
 
 from .registry import WorkerState
 
-Policy = Callable[[list[WorkerState], int, float], WorkerState]
+DEFAULT_PREFILL_TPS = 500.0  # until a worker has measured its own
+BALANCE_ABS = 8  # load gap (requests) that ...
+BALANCE_REL = 1.5  # ... together with this ratio counts as imbalance
 
 
-def least_load(workers: list[WorkerState], num_tokens: int, now: float) -> WorkerState:
+@dataclass
+class Candidate:
+    state: WorkerState
+    cached: int  # prompt tokens this worker holds (index view + bookings)
+    load: int  # running + waiting + booked requests
+    queued_tokens: int  # prefill tokens ahead of this request
+    score: float = 0.0  # seconds: predicted TTFT + recomputation cost
+
+    @property
+    def worker_id(self) -> str:
+        return self.state.report.worker_id
+
+
+Policy = Callable[[list[Candidate], int, int], Candidate]  # (candidates, num_tokens, key)
+
+
+def predict_ttft(c: Candidate, num_tokens: int) -> float:
+    report = c.state.report
+    rate = report.prefill_tps or DEFAULT_PREFILL_TPS
+    return (c.queued_tokens + num_tokens - c.cached) / rate + report.decode_step_s
+
+
+def score(c: Candidate, num_tokens: int) -> float:
+    rate = c.state.report.prefill_tps or DEFAULT_PREFILL_TPS
+    return predict_ttft(c, num_tokens) + (num_tokens - c.cached) / rate
+
+
+def least_load(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
     """Fewest requests (running + queued + booked), then most free KV slots."""
+    return min(cands, key=lambda c: (c.load, -c.state.report.free_slots, random.random()))
 
-    def key(s: WorkerState) -> tuple[int, int, float]:
-        r = s.report
-        return (r.running + r.waiting + s.inflight(now), -r.free_slots, random.random())
 
-    return min(workers, key=key)
+def cache_aware(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
+    loads = [c.load for c in cands]
+    if max(loads) - min(loads) > BALANCE_ABS and max(loads) > BALANCE_REL * max(min(loads), 1):
+        return least_load(cands, num_tokens, key)
+    return min(cands, key=lambda c: (c.score, c.load, random.random()))
+
+
+def prefix_hash(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
+    """Rendezvous hash of the prompt's first pages: stable as workers come and go."""
+
+    def weight(c: Candidate) -> int:
+        digest = hashlib.blake2b(f"{key}:{c.worker_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little")
+
+    return max(cands, key=weight)
+
+
+def random_choice(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
+    return random.choice(cands)
 
 
 def round_robin_factory() -> Policy:
     counter = 0
 
-    def round_robin(workers: list[WorkerState], num_tokens: int, now: float) -> WorkerState:
+    def round_robin(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
         nonlocal counter
-        ordered = sorted(workers, key=lambda s: s.report.worker_id)
         counter += 1
+        ordered = sorted(cands, key=lambda c: c.worker_id)
         return ordered[counter % len(ordered)]
 
     return round_robin
 
 
-def random_choice(workers: list[WorkerState], num_tokens: int, now: float) -> WorkerState:
-    return random.choice(workers)
-
-
 POLICIES: dict[str, Callable[[], Policy]] = {
+    "cache_aware": lambda: cache_aware,
     "least_load": lambda: least_load,
     "round_robin": round_robin_factory,
     "random": lambda: random_choice,
+    "prefix_hash": lambda: prefix_hash,
 }

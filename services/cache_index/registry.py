@@ -1,4 +1,5 @@
-"""Live workers and their load, fed by the schedulers' LoadReports."""
+"""Live workers and their load, fed by the schedulers' LoadReports, plus bookings:
+requests routed to a worker whose load and prefix its reports do not show yet."""
 
 from __future__ import annotations
 
@@ -9,13 +10,26 @@ from libs.protocol.messages import LoadReport, WorkerSummary
 
 
 @dataclass
+class Booking:
+    expiry: float
+    tokens: int  # prefill tokens the request adds to the worker's queue
+    hashes: frozenset[int]  # its pages: soon cached on that worker
+
+
+@dataclass
 class WorkerState:
     report: LoadReport
     seen: float
-    bookings: dict[str, float] = field(default_factory=dict)  # rid -> expiry
+    bookings: dict[str, Booking] = field(default_factory=dict)
+
+    def live_bookings(self, now: float) -> list[Booking]:
+        return [b for b in self.bookings.values() if b.expiry > now]
 
     def inflight(self, now: float) -> int:
-        return sum(1 for expiry in self.bookings.values() if expiry > now)
+        return len(self.live_bookings(now))
+
+    def load(self, now: float) -> int:
+        return self.report.running + self.report.waiting + self.inflight(now)
 
 
 class Registry:
@@ -28,12 +42,14 @@ class Registry:
         self.clock = clock
         self._workers: dict[str, WorkerState] = {}
 
-    def update(self, report: LoadReport) -> None:
+    def update(self, report: LoadReport) -> bool:
+        """Record a report; True when the worker is new to the registry."""
         state = self._workers.get(report.worker_id)
         if state is None:
             self._workers[report.worker_id] = WorkerState(report, self.clock())
-        else:
-            state.report, state.seen = report, self.clock()
+            return True
+        state.report, state.seen = report, self.clock()
+        return False
 
     def live(self, model: str | None = None) -> list[WorkerState]:
         now = self.clock()
@@ -41,12 +57,13 @@ class Registry:
             del self._workers[wid]
         return [s for s in self._workers.values() if model is None or s.report.model == model]
 
-    def book(self, worker_id: str, rid: str) -> None:
+    def book(self, worker_id: str, rid: str, tokens: int = 0,
+             hashes: frozenset[int] = frozenset()) -> None:
         state = self._workers.get(worker_id)
         if state is not None:
             now = self.clock()
-            state.bookings = {r: e for r, e in state.bookings.items() if e > now}
-            state.bookings[rid] = now + self.booking_ttl_s
+            state.bookings = {r: b for r, b in state.bookings.items() if b.expiry > now}
+            state.bookings[rid] = Booking(now + self.booking_ttl_s, tokens, hashes)
 
     def release(self, worker_id: str, rid: str) -> None:
         state = self._workers.get(worker_id)

@@ -1,51 +1,82 @@
-"""cache_index process: routes requests to live workers and books them in flight."""
+"""cache_index process: mirrors the workers' prefix caches and routes requests."""
 
 from __future__ import annotations
 
-from libs.protocol import errors
+import asyncio
+import logging
+
+from libs.protocol import ServiceError
 from libs.protocol.messages import (
-    LoadReport, ReleaseRequest, RouteReply, RouteRequest, WorkersReply, WorkersRequest,
+    KVEventBatch, KVSnapshot, LoadReport, ReleaseRequest, RouteReply, RouteRequest,
+    SnapshotRequest, WorkersReply, WorkersRequest,
 )
 from libs.protocol.service import ServiceContext
 
-from .policies import POLICIES
+from .prefix_index import PrefixIndex
 from .registry import Registry
+from .router import Router
+
+log = logging.getLogger("cache_index")
 
 
 class CacheIndex:
     def __init__(self, ctx: ServiceContext, policy: str, registry: Registry) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
         self.ctx = ctx
-        self.policy_name = policy
-        self.policy = POLICIES[policy]()
         self.registry = registry
+        self.index = PrefixIndex()
+        self.router = Router(registry, self.index, policy)
+        self._syncing: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         s, bus = self.ctx.subjects, self.ctx.bus
         await bus.subscribe(s.index_load_all(), self._on_load, LoadReport)
+        await bus.subscribe(s.index_events_all(), self._on_events, KVEventBatch)
         await bus.subscribe(s.index_route(), self._on_route, RouteRequest)
         await bus.subscribe(s.index_release(), self._on_release, ReleaseRequest)
         await bus.subscribe(s.index_workers(), self._on_workers, WorkersRequest)
-        self.ctx.detail["policy"] = self.policy_name
+        self.ctx.detail["policy"] = self.router.policy_name
 
     async def _on_load(self, report: LoadReport) -> None:
+        before = {s.report.worker_id for s in self.registry.live()}
         self.registry.update(report)
-        self.ctx.detail["workers"] = str(len(self.registry.live()))
+        after = {s.report.worker_id for s in self.registry.live()}
+        for gone in before - after:
+            self.index.drop(gone)
+        if self.index.needs_snapshot(report.worker_id):
+            self._resync(report.worker_id)
+        self.ctx.detail["workers"] = str(len(after))
+
+    async def _on_events(self, batch: KVEventBatch) -> None:
+        if not self.index.on_events(batch):
+            self._resync(batch.worker_id)
 
     async def _on_route(self, req: RouteRequest) -> RouteReply:
-        if req.num_tokens <= 0:
-            raise errors.invalid_request("num_tokens must be positive")
-        candidates = [s for s in self.registry.live(req.model)
-                      if s.report.worker_id not in req.exclude]
-        if not candidates:
-            raise errors.unavailable(f"no live worker serves model {req.model!r}")
-        chosen = self.policy(candidates, req.num_tokens, self.registry.clock())
-        self.registry.book(chosen.report.worker_id, req.rid)
-        return RouteReply(worker_id=chosen.report.worker_id, policy=self.policy_name)
+        decision = self.router.route(req)
+        return RouteReply(worker_id=decision.chosen.worker_id, policy=self.router.policy_name)
 
     async def _on_release(self, msg: ReleaseRequest) -> None:
         self.registry.release(msg.worker_id, msg.rid)
 
     async def _on_workers(self, _: WorkersRequest) -> WorkersReply:
         return WorkersReply(workers=self.registry.summaries())
+
+    def _resync(self, worker_id: str) -> None:
+        if worker_id in self._syncing:
+            return
+        self._syncing.add(worker_id)
+        task = asyncio.create_task(self._fetch_snapshot(worker_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch_snapshot(self, worker_id: str) -> None:
+        try:
+            snap = await self.ctx.bus.request(self.ctx.subjects.sched_snapshot(worker_id),
+                                              SnapshotRequest(), KVSnapshot, timeout=5.0)
+            self.index.on_snapshot(snap)
+            log.info("resynced %s: %d blocks (epoch %d)", worker_id, len(snap.block_hashes),
+                     snap.epoch)
+        except ServiceError as exc:
+            log.warning("snapshot of %s failed: %s", worker_id, exc.message)
+        finally:
+            self._syncing.discard(worker_id)

@@ -168,7 +168,9 @@ class Pipeline:
         while True:
             route = await self.bus.request(
                 self.subjects.index_route(),
-                RouteRequest(rid=rid, model=self.model, num_tokens=len(enc.input_ids), exclude=exclude),
+                RouteRequest(rid=rid, model=self.model, num_tokens=len(enc.input_ids),
+                             exclude=exclude, input_ids=enc.input_ids,
+                             cache_salt=req.cache_salt),
                 RouteReply, self.config.bus_timeout,
             )
             worker = route.worker_id

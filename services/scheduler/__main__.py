@@ -29,7 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--schedule-policy", choices=POLICIES, default="fcfs")
     p.add_argument("--disable-radix-cache", action="store_true",
                    help="no prefix reuse: every request computes its whole prompt")
-    p.add_argument("--page-size", type=int, default=1, help="prefix-cache match granularity")
+    p.add_argument("--page-size", type=int, default=16,
+                   help="prefix-cache granularity: matches and KV events are per page")
     p.add_argument("--eviction-policy", choices=["lru", "lfu"], default="lru")
     p.add_argument("--retract-interval", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--max-workers", type=int, default=0, help="0: adopt every free worker")

@@ -19,8 +19,8 @@ import numpy as np
 
 from libs.protocol import errors
 from libs.protocol.messages import (
-    ErrorInfo, ForwardBatch, ForwardResult, KVEvent, KVEventBatch, SchedStats, TokenDelta,
-    WorkerInfo,
+    ErrorInfo, ForwardBatch, ForwardResult, KVEvent, KVEventBatch, KVSnapshot, SchedStats,
+    TokenDelta, WorkerInfo,
 )
 
 from .allocator import RowAllocator
@@ -168,6 +168,17 @@ class Batcher:
                              seq=self._event_seq, page_size=self.config.page_size, events=events)
         self._event_seq += len(events)
         return batch
+
+    def snapshot(self) -> KVSnapshot:
+        """All cached pages; events not yet taken are already reflected in it."""
+        hashes = self.cache.tree.all_hashes() if self.cache.tree else []
+        return KVSnapshot(worker_id=self.info.worker_id, epoch=self.epoch,
+                          seq=self._event_seq + len(self._events),
+                          page_size=self.config.page_size, block_hashes=hashes)
+
+    def queued_prefill_tokens(self) -> int:
+        waiting = sum(r.fill_len for r in self.waiting)
+        return waiting + sum(r.fill_len - r.kv_len for r in self.running if not r.decoding)
 
     def stats(self) -> SchedStats:
         size = self.cache.tree.size_info() if self.cache.tree else (0, 0)

@@ -116,6 +116,10 @@ class RadixCache:
     def size_info(self) -> SizeInfo:
         return SizeInfo(self._evictable, self._protected)
 
+    def all_hashes(self) -> list[int]:
+        """Block hash of every cached page (for a snapshot of the tree)."""
+        return [h for node in self._all_nodes() for h in node.hashes]
+
     # -- updates --------------------------------------------------------------
 
     def insert(self, namespace: str, tokens, slots: np.ndarray) -> tuple[int, TreeNode]:

@@ -11,7 +11,7 @@ import msgspec
 
 from libs.protocol import Bus, Subjects
 from libs.protocol.messages import (
-    AbortRequest, ErrorInfo, FlushReply, FlushRequest, LeaseRenew, LoadReport, SchedStats, SchedStatsRequest,
+    AbortRequest, ErrorInfo, FlushReply, FlushRequest, KVSnapshot, LeaseRenew, SnapshotRequest, LoadReport, SchedStats, SchedStatsRequest,
     SubmitReply, SubmitRequest, WorkerInfo,
 )
 
@@ -49,6 +49,7 @@ class WorkerSession:
             await self.bus.subscribe(s.sched_abort(w), self._on_abort, AbortRequest),
             await self.bus.subscribe(s.sched_stats(w), self._on_stats, SchedStatsRequest),
             await self.bus.subscribe(s.sched_flush(w), self._on_flush, FlushRequest),
+            await self.bus.subscribe(s.sched_snapshot(w), self._on_snapshot, SnapshotRequest),
         ]
         self._tasks = [
             asyncio.create_task(self._run_loop()),
@@ -88,6 +89,9 @@ class WorkerSession:
         return msgspec.structs.replace(self.loop.batcher.stats(),
                                        worker_idle_fraction=self.loop.idle_fraction)
 
+    async def _on_snapshot(self, _: SnapshotRequest) -> KVSnapshot:
+        return self.loop.batcher.snapshot()
+
     async def _on_flush(self, _: FlushRequest) -> FlushReply:
         freed = self.loop.batcher.flush_cache()
         await self.loop.flush()  # the "cleared" event goes out now
@@ -116,5 +120,7 @@ class WorkerSession:
                 running=len(batcher.running), waiting=len(batcher.waiting),
                 free_slots=batcher.cache.available, total_slots=self.info.kv_slots,
                 max_model_len=self.info.max_model_len, ts=time.time(),
+                queued_prefill_tokens=batcher.queued_prefill_tokens(),
+                prefill_tps=self.loop.prefill_tps, decode_step_s=self.loop.decode_step_s,
             ))
             await asyncio.sleep(LOAD_INTERVAL_S)

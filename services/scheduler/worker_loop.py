@@ -37,6 +37,8 @@ class WorkerLoop:
         self._last_forward_s = 0.0
         self.active_s = 0.0
         self.busy_s = 0.0
+        self.prefill_tps = 0.0  # EMA over steps dominated by prefill
+        self.decode_step_s = 0.0  # EMA over decode-only steps
 
     @property
     def idle_fraction(self) -> float:
@@ -79,6 +81,7 @@ class WorkerLoop:
             try:
                 result = await step
                 self._last_forward_s = result.forward_ms / 1e3
+                self._measure(batch.extend_lens, self._last_forward_s)
                 self.batcher.complete(result)
             except ServiceError as exc:
                 log.error("worker %s failed step %d: %s", self.worker_id, batch.step, exc)
@@ -88,6 +91,15 @@ class WorkerLoop:
                 ))
                 await self.flush()
                 raise WorkerLost(str(exc)) from exc
+
+    def _measure(self, extend_lens: list[int], seconds: float) -> None:
+        prefill = sum(n for n in extend_lens if n > 1)
+        if prefill >= 64:
+            rate = prefill / max(seconds, 1e-6)
+            self.prefill_tps = rate if not self.prefill_tps else 0.8 * self.prefill_tps + 0.2 * rate
+        elif not prefill:
+            self.decode_step_s = (seconds if not self.decode_step_s
+                                  else 0.8 * self.decode_step_s + 0.2 * seconds)
 
     def _account_send(self) -> None:
         now = time.perf_counter()

@@ -44,7 +44,8 @@ def test_cache_salt_isolates_namespaces(stack):
         other = complete(client, prompt, cache_salt="tenant-b")
         again = complete(client, prompt, cache_salt="tenant-a")
     assert cached(first) == 0 and cached(other) == 0
-    assert cached(again) == again["usage"]["prompt_tokens"] - 1
+    # everything but the last token can hit, in whole 16-token pages
+    assert cached(again) == (again["usage"]["prompt_tokens"] - 1) // 16 * 16
 
 
 async def test_flush_cache_refused_while_running_then_empties(stack):

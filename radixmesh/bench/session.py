@@ -1,0 +1,177 @@
+"""One ``radixmesh bench`` run: build the workload, run every system, write the outputs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from .client import ClientConfig
+from .record import Record, check
+from .report import markdown_table, plot, write_json
+from .runner import Load
+from .stats import Summary, summarize
+from .systems import BenchError, Plan, SystemPlan, bench_http, plan_systems, run_stack
+from .tokens import ChatTokenizer
+from .workload import Workload
+from .workloads import build_workload
+
+QUICK_HF_REQUESTS = 4  # the sequential baseline is slow: --quick runs it on a prefix
+
+
+def _overrides(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--param wants NAME=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def _validate(args: argparse.Namespace) -> None:
+    for name in ("workers", "kv_slots", "max_concurrency", "hf_requests"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.request_rate <= 0:
+        raise ValueError(f"--request-rate must be positive, got {args.request_rate}")
+    if args.warmup < 0 or args.threads < 0:
+        raise ValueError("--warmup and --threads must not be negative")
+
+
+def _progress(args: argparse.Namespace, name: str):
+    """A tqdm bar; the runners reset it (total, clock) when timing starts."""
+    from tqdm import tqdm
+
+    return tqdm(total=0, desc=name, unit="req", file=sys.stderr, disable=args.no_progress,
+                dynamic_ncols=True)
+
+
+def _run_system(plan: SystemPlan, args, workload: Workload, tok: ChatTokenizer, model_dir: Path,
+                out_dir: Path) -> tuple[list[Record], float]:
+    if plan.kind == "stack":
+        print(f"[{plan.name}] starting a stack; logs in {out_dir / 'logs' / plan.name}",
+              file=sys.stderr, flush=True)
+    elif plan.kind == "hf":
+        print(f"[{plan.name}] loading the model", file=sys.stderr, flush=True)
+    with _progress(args, plan.name) as bar:
+        if plan.kind == "hf":
+            return _run_hf(args, workload, tok, model_dir, bar)
+        bench = dict(workload=workload, tok=tok, warmup=args.warmup, timeout_s=args.timeout,
+                     load=Load(args.request_rate, args.max_concurrency, args.seed),
+                     client=ClientConfig(args.api, "", args.temperature, args.ignore_eos,
+                                         args.seed), progress=bar)
+        if plan.kind == "url":
+            return asyncio.run(bench_http(args.url, plan.name, **bench))
+        stack = dict(model=args.model, workers=args.workers, dtype=args.dtype,
+                     kv_slots=args.kv_slots, threads_per_worker=args.threads)
+        return run_stack(plan, stack, out_dir / "logs" / plan.name, args.startup_timeout,
+                         **bench)
+
+
+def _run_hf(args, workload: Workload, tok: ChatTokenizer, model_dir: Path, bar):
+    import torch
+
+    from .hf import HFBaseline
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    baseline = HFBaseline(model_dir, tok, args.temperature, args.ignore_eos, args.seed)
+    baseline.warm_up()
+    return baseline.run(workload, limit=args.hf_requests, progress=bar)
+
+
+def _meta(args: argparse.Namespace, workload: Workload, plan: Plan, model_dir: Path) -> dict:
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    return {
+        "command": "radixmesh bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
+                                                 else sys.argv[1:]),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "torch": torch.__version__},
+        "git_commit": commit or None, "model": str(model_dir),
+        "workload": {"name": workload.name, "params": workload.params, "info": workload.info,
+                     "seed": args.seed, "quick": args.quick},
+        "load": {"request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
+                 "warmup": args.warmup, "api": args.api, "temperature": args.temperature,
+                 "ignore_eos": args.ignore_eos},
+        "stack": None if args.url else {"workers": args.workers, "dtype": args.dtype,
+                                        "kv_slots": args.kv_slots, "threads": args.threads},
+        "url": args.url, "systems": [s.name for s in plan.systems], "notes": plan.notes,
+    }
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def run_session(args: argparse.Namespace) -> int:
+    from radixmesh.models import resolve_model
+
+    _validate(args)
+    if args.quick and args.hf_requests is None:
+        args.hf_requests = QUICK_HF_REQUESTS
+    model_dir = resolve_model(args.model)
+    tok = ChatTokenizer.load(model_dir)
+    workload = build_workload(args.workload, tok, args.seed, args.quick, _overrides(args.param))
+    plan = plan_systems([s.strip() for s in args.systems.split(",") if s.strip()], args.url)
+    if not plan.systems:
+        raise BenchError("no system to run: " + "; ".join(plan.notes))
+    if args.hf_requests and args.hf_requests < len(workload.requests) and any(
+            s.kind == "hf" for s in plan.systems):
+        plan.notes.append(f"hf-generate ran only the first {args.hf_requests} of "
+                          f"{len(workload.requests)} requests (--hf-requests)")
+    for note in plan.notes:
+        print(f"note: {note}", file=sys.stderr)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.output_dir) / f"{stamp}-{workload.name}{'-quick' if args.quick else ''}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = _meta(args, workload, plan, model_dir)
+
+    records: list[Record] = []
+    summaries: list[Summary] = []
+    for system in plan.systems:
+        got, duration = _run_system(system, args, workload, tok, model_dir, out_dir)
+        records += got
+        summaries.append(summarize(system.name, got, duration))
+    meta["problems"] = problems = check(records)
+    return _finish(args, out_dir, meta, summaries, records, problems)
+
+
+def _finish(args, out_dir: Path, meta: dict, summaries: list[Summary], records: list[Record],
+            problems: list[str]) -> int:
+    info = meta["workload"]["info"]
+    header = (f"workload {meta['workload']['name']}{' (quick)' if args.quick else ''}: "
+              f"{info['requests']} requests, seed {args.seed}, rate {args.request_rate} req/s, "
+              f"max concurrency {args.max_concurrency or 'unbounded'}, api {args.api}, "
+              f"{meta['machine']['cores']} cores ({meta['machine']['cpu']}), {meta['date']}")
+    table = markdown_table(summaries)
+    (out_dir / "table.md").write_text(f"{meta['command']}\n\n{header}\n\n{table}\n")
+    write_json(out_dir / "results.json", meta, summaries, records)
+    files = [out_dir / "results.json", out_dir / "table.md"]
+    if not args.no_plots:
+        files += plot(out_dir, summaries, records, meta["workload"]["name"])
+    print(f"\n{header}\n\n{table}\n")
+    for s in summaries:
+        failed = [r for r in records if r.system == s.system and not r.ok]
+        for r in failed[:3]:
+            print(f"failed: {s.system}/{r.id}: {r.error}", file=sys.stderr)
+    for note in meta["notes"]:
+        print(f"note: {note}")
+    for problem in problems:
+        print(f"inconsistent: {problem}", file=sys.stderr)
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 1 if problems or any(s.failed for s in summaries) else 0

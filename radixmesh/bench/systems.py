@@ -1,0 +1,128 @@
+"""The systems a run compares, and how each one is run on a workload.
+
+- ``radixmesh``: the stack (started here, or the gateway at ``--url``);
+- ``radixmesh-no-cache``: a stack started with the scheduler's prefix cache off;
+- ``hf-generate``: HF transformers ``generate`` in-process, sequentially.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from .client import ClientConfig, StreamClient
+from .record import Record
+from .runner import Load, Progress, run_workload
+from .tokens import ChatTokenizer
+from .workload import Workload
+from .workloads import RandomParams, build_random
+
+SYSTEMS = ("radixmesh", "radixmesh-no-cache", "hf-generate")
+NO_CACHE_FLAG = "--disable-radix-cache"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class SystemPlan:
+    name: str
+    kind: str  # "url" | "stack" | "hf"
+    scheduler_flags: tuple[str, ...] = ()
+
+
+@dataclass
+class Plan:
+    systems: list[SystemPlan] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def scheduler_supports(flag: str) -> bool:
+    """Whether ``python -m services.scheduler --help`` lists ``flag``."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "services.scheduler", "--help"],
+                             capture_output=True, text=True, timeout=120, cwd=_REPO)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return flag in out.stdout
+
+
+def plan_systems(wanted: list[str], url: str | None) -> Plan:
+    plan = Plan()
+    unknown = sorted(set(wanted) - set(SYSTEMS))
+    if unknown:
+        raise BenchError(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
+    for name in wanted:
+        if name == "radixmesh":
+            plan.systems.append(SystemPlan(name, "url" if url else "stack"))
+        elif name == "radixmesh-no-cache":
+            if url:
+                plan.notes.append("radixmesh-no-cache skipped: it needs a stack started by the "
+                                  "harness (no --url)")
+            elif not scheduler_supports(NO_CACHE_FLAG):
+                plan.notes.append(f"radixmesh-no-cache skipped: the scheduler has no "
+                                  f"{NO_CACHE_FLAG} flag yet (no prefix cache to turn off)")
+            else:
+                plan.systems.append(SystemPlan(name, "stack", (NO_CACHE_FLAG,)))
+        else:
+            plan.systems.append(SystemPlan(name, "hf"))
+    return plan
+
+
+async def served_model(http: httpx.AsyncClient) -> str:
+    resp = await http.get("/v1/models")
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
+
+
+async def bench_http(url: str, system: str, workload: Workload, tok: ChatTokenizer,
+                     client: ClientConfig, load: Load, warmup: int, timeout_s: float,
+                     progress: Progress | None = None) -> tuple[list[Record], float]:
+    """Warm up, then run ``workload`` against the gateway at ``url``."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as http:
+        if client.api == "chat" and not client.model:
+            client = ClientConfig(**{**client.__dict__, "model": await served_model(http)})
+        stream = StreamClient(http, tok, client)
+        await _warm_up(stream, tok, warmup, load.seed)
+
+        async def send(spec, messages, record, index):
+            await stream.send(messages, spec.max_tokens, record, index)
+
+        return await run_workload(workload, system, send, load, progress)
+
+
+async def _warm_up(stream: StreamClient, tok: ChatTokenizer, count: int, seed: int) -> None:
+    """``count`` short unrelated requests (they share no prefix with the workload)."""
+    if count <= 0:
+        return
+    params = RandomParams(requests=count, min_prompt_tokens=32, max_prompt_tokens=64, max_tokens=8)
+    for spec in build_random(params, seed + 1_000_003, tok).requests:
+        record = Record("warmup", spec.id, spec.kind)
+        await stream.send(spec.render({}), spec.max_tokens, record)
+        if not record.ok:
+            raise BenchError(f"warm-up request failed: {record.error}")
+
+
+def run_stack(plan: SystemPlan, stack_kwargs: dict, log_dir: Path, startup_timeout: float,
+              **bench_kwargs) -> tuple[list[Record], float]:
+    """Start a private stack for ``plan``, run the workload on it, stop it."""
+    from radixmesh.launcher import LocalStack, StackError, ephemeral_stack_config
+
+    extra = {"scheduler": list(plan.scheduler_flags)} if plan.scheduler_flags else {}
+    config = ephemeral_stack_config(log_dir, extra=extra, **stack_kwargs)
+    stack = LocalStack(config, progress=lambda msg: None)
+    try:
+        stack.start(timeout=startup_timeout)
+        return asyncio.run(bench_http(stack.url, plan.name, **bench_kwargs))
+    except StackError as exc:
+        raise BenchError(f"{plan.name}: {exc}") from None
+    finally:
+        stack.stop()

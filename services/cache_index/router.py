@@ -1,0 +1,70 @@
+"""The routing decision: score every live worker, pick one, book the request there."""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from libs.protocol import errors
+from libs.protocol.hashing import block_hashes
+from libs.protocol.messages import RouteRequest
+
+from .policies import POLICIES, Candidate, score
+from .prefix_index import PrefixIndex, prompt_hashes
+from .registry import Registry
+
+log = logging.getLogger("cache_index.router")
+
+KEY_TOKENS = 64  # prefix_hash keys on the first pages of the prompt
+
+
+class Decision(NamedTuple):
+    chosen: Candidate
+    candidates: list[Candidate]
+
+
+class Router:
+    def __init__(self, registry: Registry, index: PrefixIndex, policy: str) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
+        self.registry = registry
+        self.index = index
+        self.policy_name = policy
+        self.policy = POLICIES[policy]()
+
+    def route(self, req: RouteRequest) -> Decision:
+        if req.num_tokens <= 0:
+            raise errors.invalid_request("num_tokens must be positive")
+        states = [s for s in self.registry.live(req.model)
+                  if s.report.worker_id not in req.exclude]
+        if not states:
+            raise errors.unavailable(f"no live worker serves model {req.model!r}")
+        now = self.registry.clock()
+        hashes: dict[int, list[int]] = {}
+        cands = []
+        for state in states:
+            wid = state.report.worker_id
+            page = self.index.page_size(wid)
+            if page not in hashes:
+                hashes[page] = prompt_hashes(req.input_ids, req.cache_salt, page)
+            booked = state.live_bookings(now)
+            extra = frozenset().union(*(b.hashes for b in booked)) if booked else frozenset()
+            cand = Candidate(
+                state=state, cached=self.index.cached_tokens(wid, hashes[page], extra),
+                load=len(booked) + state.report.running + state.report.waiting,
+                queued_tokens=state.report.queued_prefill_tokens + sum(b.tokens for b in booked),
+            )
+            cand.score = score(cand, req.num_tokens)
+            cands.append(cand)
+        chosen = self.policy(cands, req.num_tokens, self._key(req))
+        page = self.index.page_size(chosen.worker_id)
+        self.registry.book(chosen.worker_id, req.rid, req.num_tokens - chosen.cached,
+                           frozenset(hashes[page]))
+        log.debug("route %s -> %s (%s) %s", req.rid, chosen.worker_id, self.policy_name,
+                  [(c.worker_id, c.cached, c.load, round(c.score, 4)) for c in cands])
+        return Decision(chosen, cands)
+
+    @staticmethod
+    def _key(req: RouteRequest) -> int:
+        head = req.input_ids[:KEY_TOKENS]
+        return block_hashes(head, len(head), req.cache_salt)[0] if head else 0

@@ -1,0 +1,83 @@
+"""Routing decisions over a real PrefixIndex and Registry (no broker)."""
+
+import pytest
+
+from libs.protocol import ServiceError
+from libs.protocol.hashing import block_hashes
+from libs.protocol.messages import KVEvent, KVEventBatch, RouteRequest
+from services.cache_index.prefix_index import PrefixIndex
+from services.cache_index.router import Router
+from services.cache_index.registry import Registry
+
+from .test_registry import Clock, report
+
+DOC = list(range(1000, 1400))
+
+
+def cached_on(index: PrefixIndex, worker: str, tokens, salt=""):
+    batch = KVEventBatch(worker_id=worker, epoch=1, seq=0, page_size=16,
+                         events=[KVEvent(kind="stored", namespace=salt,
+                                         block_hashes=block_hashes(tokens, 16, salt))])
+    from libs.protocol.messages import KVSnapshot
+    index.on_snapshot(KVSnapshot(worker_id=worker, epoch=1, seq=0, page_size=16, block_hashes=[]))
+    assert index.on_events(batch)
+
+
+def setup(policy="cache_aware", **loads):
+    clock = Clock()
+    reg = Registry(clock=clock)
+    for wid in ("a", "b", "c"):
+        reg.update(report(wid, **loads.get(wid, {})))
+    index = PrefixIndex()
+    return Router(reg, index, policy), index, reg
+
+
+def req(rid, tokens, salt=""):
+    return RouteRequest(rid=rid, model="m", num_tokens=len(tokens), input_ids=tokens,
+                        cache_salt=salt)
+
+
+def test_cache_aware_goes_where_the_prefix_is():
+    router, index, _ = setup()
+    cached_on(index, "b", DOC)
+    decision = router.route(req("r1", DOC + [1, 2, 3]))
+    assert decision.chosen.worker_id == "b"
+    assert {c.worker_id: c.cached for c in decision.candidates} == {"a": 0, "b": 400, "c": 0}
+
+
+def test_salt_is_part_of_the_match():
+    router, index, _ = setup()
+    cached_on(index, "b", DOC, salt="tenant-1")
+    decision = router.route(req("r1", DOC + [7], salt="tenant-2"))
+    assert all(c.cached == 0 for c in decision.candidates)
+
+
+def test_burst_of_one_document_sticks_to_one_worker_via_bookings():
+    router, _, _ = setup()
+    first = router.route(req("r0", DOC + [1])).chosen.worker_id
+    later = {router.route(req(f"r{i}", DOC + [i])).chosen.worker_id for i in range(1, 5)}
+    assert later == {first}
+
+
+def test_imbalance_guard_falls_back_to_least_load():
+    router, index, _ = setup(b={"running": 20, "waiting": 10})
+    cached_on(index, "b", DOC)
+    assert router.route(req("r1", DOC + [1])).chosen.worker_id != "b"
+
+
+def test_prefix_hash_is_stable_and_spreads():
+    router, _, reg = setup("prefix_hash")
+    docs = [list(range(i * 100, i * 100 + 80)) for i in range(30)]
+    first = [router.route(req(f"x{i}", d)).chosen.worker_id for i, d in enumerate(docs)]
+    again = [router.route(req(f"y{i}", d + [5])).chosen.worker_id for i, d in enumerate(docs)]
+    assert first == again and len(set(first)) == 3
+
+
+def test_round_robin_and_exclusion():
+    router, _, _ = setup("round_robin")
+    picks = [router.route(req(f"r{i}", [1, 2, 3])).chosen.worker_id for i in range(6)]
+    assert sorted(picks[:3]) == ["a", "b", "c"] and picks[:3] == picks[3:]
+    only = RouteRequest(rid="z", model="m", num_tokens=3, input_ids=[1, 2, 3], exclude=["a", "b"])
+    assert router.route(only).chosen.worker_id == "c"
+    with pytest.raises(ServiceError):
+        router.route(RouteRequest(rid="z", model="m", num_tokens=3, exclude=["a", "b", "c"]))
