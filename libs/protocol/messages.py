@@ -151,6 +151,7 @@ class LoadReport(Base, tag="load.v1"):
     queued_prefill_tokens: int = 0  # prompt tokens waiting or still to prefill
     prefill_tps: float = 0.0  # measured prefill tokens/s (0: not measured yet)
     decode_step_s: float = 0.0  # measured duration of a decode-only step
+    alive: bool = True  # False: the scheduler let this worker go; route elsewhere now
 
 
 class WorkerSummary(Base):

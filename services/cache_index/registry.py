@@ -44,6 +44,9 @@ class Registry:
 
     def update(self, report: LoadReport) -> bool:
         """Record a report; True when the worker is new to the registry."""
+        if not report.alive:
+            self._workers.pop(report.worker_id, None)
+            return False
         state = self._workers.get(report.worker_id)
         if state is None:
             self._workers[report.worker_id] = WorkerState(report, self.clock())

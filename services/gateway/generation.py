@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from opentelemetry.trace import Span
 
@@ -28,8 +28,13 @@ class Generation:
 
     Iteration ends after the delta that carries ``finish_reason``; a finish with
     an error, or ``request_timeout`` without any delta, raises ServiceError.
-    Closing before the finish aborts the request on its scheduler.
+    Closing before the finish aborts the request on its scheduler. If its worker
+    is lost before any output, the request is resubmitted elsewhere (``rid``, the
+    public id, stays; ``bus_rid`` names the current submission).
     """
+
+    RETRIABLE = frozenset({"worker_lost", "worker_failed"})
+    MAX_RETRIES = 2
 
     def __init__(self, rid: str, worker_id: str, queue: asyncio.Queue[TextDelta],
                  prompt_tokens: int, span: Span, request_timeout: float,
@@ -38,7 +43,12 @@ class Generation:
         self.request_timeout = request_timeout
         self._on_close = on_close
         self.rid = rid
+        self.bus_rid = rid
         self.worker_id = worker_id
+        self.request: Any = None
+        self._resubmit: Callable[["Generation", str], Awaitable[None]] | None = None
+        self.retries = 0
+        self._delivered = False
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.usage: Usage | None = None
@@ -71,8 +81,35 @@ class Generation:
                 return
             yield await self.next_delta()
 
+    def enable_retry(self, request: Any,
+                     resubmit: Callable[["Generation", str], Awaitable[None]]) -> None:
+        self.request, self._resubmit = request, resubmit
+
+    def rebind(self, bus_rid: str, worker_id: str, queue: asyncio.Queue[TextDelta]) -> None:
+        """Continue on a fresh submission (same public rid)."""
+        self.bus_rid, self.worker_id, self._queue = bus_rid, worker_id, queue
+        self._error, self.finished, self.finish_reason, self.usage = None, False, None, None
+        self.span.set_attribute("radixmesh.worker", worker_id)
+
     async def next_delta(self) -> TextDelta:
         """Wait for output and merge whatever has arrived into one delta."""
+        while True:
+            try:
+                delta = await self._next_delta()
+            except ServiceError as exc:
+                if not self._retriable(exc):
+                    raise
+                self.retries += 1
+                await self._resubmit(self, self.worker_id)
+                continue
+            self._delivered = self._delivered or bool(delta.text or delta.token_ids)
+            return delta
+
+    def _retriable(self, exc: ServiceError) -> bool:
+        return (exc.code in self.RETRIABLE and not self._delivered and self._resubmit is not None
+                and self.retries < self.MAX_RETRIES and not self.closed)
+
+    async def _next_delta(self) -> TextDelta:
         if self._error is not None:
             raise self._error
         if self.finished:

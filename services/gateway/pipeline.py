@@ -126,30 +126,52 @@ class Pipeline:
         if self._sub is None:
             raise RuntimeError("Pipeline.start() was not called: no output would arrive")
         rid = uuid.uuid4().hex
-        queue: asyncio.Queue[TextDelta] = asyncio.Queue()
-        self._queues[rid] = queue
         # the request's root span: every bus message of this request carries it
         span = _tracer.start_span("gateway.request", attributes={"radixmesh.rid": rid,
                                                                  "radixmesh.model": self.model})
         try:
             with trace.use_span(span, end_on_exit=False):
-                enc = await self.bus.request(
-                    self.subjects.tokenizer_encode(), self._encode_request(rid, req),
-                    EncodeReply, self.config.bus_timeout,
-                )
-                try:
-                    worker = await self._route_and_submit(rid, req, enc)
-                except BaseException:
-                    self._publish_later(self.subjects.tokenizer_detok(enc.detok_instance),
-                                        DetokRelease(rids=[rid]))
-                    raise
+                queue, prompt_tokens, worker = await self._launch(rid, req, [])
         except BaseException as exc:
-            self._queues.pop(rid, None)
             _end_span(span, "failed", exc)
             raise
-        span.set_attributes({"radixmesh.worker": worker, "radixmesh.prompt_tokens": len(enc.input_ids)})
-        return Generation(rid, worker, queue, len(enc.input_ids), span,
-                          self.config.request_timeout, self._finish)
+        span.set_attributes({"radixmesh.worker": worker, "radixmesh.prompt_tokens": prompt_tokens})
+        gen = Generation(rid, worker, queue, prompt_tokens, span,
+                         self.config.request_timeout, self._finish)
+        gen.enable_retry(req, self._resubmit)
+        return gen
+
+    async def _launch(self, rid: str, req: GenerationRequest,
+                      exclude: list[str]) -> tuple[asyncio.Queue[TextDelta], int, str]:
+        """Encode, route (avoiding ``exclude``) and submit under ``rid``."""
+        queue: asyncio.Queue[TextDelta] = asyncio.Queue()
+        self._queues[rid] = queue
+        try:
+            enc = await self.bus.request(
+                self.subjects.tokenizer_encode(), self._encode_request(rid, req),
+                EncodeReply, self.config.bus_timeout,
+            )
+            try:
+                worker = await self._route_and_submit(rid, req, enc, exclude)
+            except BaseException:
+                self._publish_later(self.subjects.tokenizer_detok(enc.detok_instance),
+                                    DetokRelease(rids=[rid]))
+                raise
+        except BaseException:
+            self._queues.pop(rid, None)
+            raise
+        return queue, len(enc.input_ids), worker
+
+    async def _resubmit(self, gen: Generation, failed_worker: str) -> None:
+        """The worker died before the first token: start over on another one."""
+        self._queues.pop(gen.bus_rid, None)
+        self._publish_later(self.subjects.index_release(),
+                            ReleaseRequest(rid=gen.bus_rid, worker_id=failed_worker))
+        rid = uuid.uuid4().hex
+        with trace.use_span(gen.span, end_on_exit=False):
+            queue, _, worker = await self._launch(rid, gen.request, [failed_worker])
+        log.warning("request %s moved from %s to %s", gen.rid, failed_worker, worker)
+        gen.rebind(rid, worker, queue)
 
     def _encode_request(self, rid: str, req: GenerationRequest) -> EncodeRequest:
         return EncodeRequest(
@@ -159,8 +181,9 @@ class Pipeline:
             skip_special_tokens=req.skip_special_tokens,
         )
 
-    async def _route_and_submit(self, rid: str, req: GenerationRequest, enc: EncodeReply) -> str:
-        exclude: list[str] = []
+    async def _route_and_submit(self, rid: str, req: GenerationRequest, enc: EncodeReply,
+                                exclude: list[str]) -> str:
+        exclude = list(exclude)
         submit = SubmitRequest(
             rid=rid, input_ids=enc.input_ids, sampling=req.sampling(enc.max_new_tokens),
             detok_instance=enc.detok_instance, cache_salt=req.cache_salt,
@@ -200,12 +223,13 @@ class Pipeline:
             log.warning("could not publish %s to %s: %s", type(msg).__name__, subject, exc)
 
     def _finish(self, gen: Generation) -> None:
-        self._queues.pop(gen.rid, None)
+        self._queues.pop(gen.bus_rid, None)
         with trace.use_span(gen.span, end_on_exit=False):
             if not gen.finished:
-                self._publish_later(self.subjects.sched_abort(gen.worker_id), AbortRequest(rid=gen.rid))
+                self._publish_later(self.subjects.sched_abort(gen.worker_id),
+                                    AbortRequest(rid=gen.bus_rid))
             self._publish_later(self.subjects.index_release(),
-                                ReleaseRequest(rid=gen.rid, worker_id=gen.worker_id))
+                                ReleaseRequest(rid=gen.bus_rid, worker_id=gen.worker_id))
         gen.span.set_attribute("radixmesh.completion_tokens", gen.completion_tokens)
         _end_span(gen.span, gen.outcome, gen.error)
 

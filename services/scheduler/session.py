@@ -74,6 +74,9 @@ class WorkerSession:
         self.loop.fail_all(ErrorInfo(code="worker_lost", status=503,
                                      message=f"worker {self.worker_id} lost: {reason}"))
         await self.loop.flush()
+        with contextlib.suppress(Exception):
+            await self.bus.publish(self.subjects.index_load(self.worker_id),
+                                   self._load_report(alive=False))
 
     # -- handlers -------------------------------------------------------------
 
@@ -113,14 +116,18 @@ class WorkerSession:
 
     async def _report_load(self) -> None:
         subject = self.subjects.index_load(self.worker_id)
-        batcher = self.loop.batcher
         while True:
-            await self.bus.publish(subject, LoadReport(
-                worker_id=self.worker_id, scheduler_id=self.scheduler_id, model=self.info.model,
-                running=len(batcher.running), waiting=len(batcher.waiting),
-                free_slots=batcher.cache.available, total_slots=self.info.kv_slots,
-                max_model_len=self.info.max_model_len, ts=time.time(),
-                queued_prefill_tokens=batcher.queued_prefill_tokens(),
-                prefill_tps=self.loop.prefill_tps, decode_step_s=self.loop.decode_step_s,
-            ))
+            await self.bus.publish(subject, self._load_report())
             await asyncio.sleep(LOAD_INTERVAL_S)
+
+    def _load_report(self, alive: bool = True) -> LoadReport:
+        batcher = self.loop.batcher
+        return LoadReport(
+            worker_id=self.worker_id, scheduler_id=self.scheduler_id, model=self.info.model,
+            running=len(batcher.running), waiting=len(batcher.waiting),
+            free_slots=batcher.cache.available, total_slots=self.info.kv_slots,
+            max_model_len=self.info.max_model_len, ts=time.time(),
+            queued_prefill_tokens=batcher.queued_prefill_tokens(),
+            prefill_tps=self.loop.prefill_tps, decode_step_s=self.loop.decode_step_s,
+            alive=alive,
+        )

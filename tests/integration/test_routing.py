@@ -1,0 +1,139 @@
+"""Two real workers: a document's questions stick to one worker; when it dies its
+unstarted requests move and traffic follows within 3 s; a joining worker gets work."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from libs.protocol import Bus, Subjects
+from libs.protocol.messages import SchedStats, SchedStatsRequest, WorkersReply, WorkersRequest
+from radixmesh.launcher import LocalStack, ephemeral_stack_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "SmolLM2-135M-Instruct"
+DOC = ("Section 4 of the handbook covers travel: book trains two weeks ahead, keep every "
+       "receipt, and file expenses within thirty days of returning. ") * 8
+
+
+class Cluster:
+    def __init__(self, stack: LocalStack) -> None:
+        self.stack = stack
+        self.subjects = Subjects(stack.config.subject_prefix)
+
+    async def workers(self) -> list[str]:
+        bus = await Bus.connect(self.stack.nats_url, "test")
+        try:
+            reply = await bus.request(self.subjects.index_workers(), WorkersRequest(), WorkersReply)
+            return sorted(w.worker_id for w in reply.workers)
+        finally:
+            await bus.close()
+
+    async def finished(self) -> dict[str, int]:
+        bus = await Bus.connect(self.stack.nats_url, "test")
+        try:
+            out = {}
+            for wid in await self.workers():
+                stats = await bus.request(self.subjects.sched_stats(wid), SchedStatsRequest(),
+                                          SchedStats)
+                out[wid] = stats.requests_finished
+            return out
+        finally:
+            await bus.close()
+
+    async def wait_for_workers(self, n: int, timeout: float = 60) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            workers = await self.workers()
+            if len(workers) == n:
+                return workers
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"expected {n} workers, have {await self.workers()}")
+
+    def process_of(self, worker_id: str):
+        return next(p for p in self.stack.procs if worker_id in p.popen.args)
+
+
+async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict:
+    """Returns {"ok", "started"}: whether it finished and whether output arrived first."""
+    started = False
+    try:
+        async with client.stream("POST", "/v1/completions", json={
+                "model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0, "stream": True}) as resp:
+            if resp.status_code != 200:
+                return {"ok": False, "started": False}
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    return {"ok": False, "started": started}
+                started = started or bool(event["choices"] and event["choices"][0]["text"])
+        return {"ok": True, "started": started}
+    except httpx.HTTPError:
+        return {"ok": False, "started": started}
+
+
+async def test_affinity_failover_and_join(tmp_path):
+    # at most 2 running requests per worker: the rest wait in the queue when it dies
+    config = ephemeral_stack_config(tmp_path, workers=2, kv_slots=4096, threads_per_worker=1,
+                                    extra={"scheduler": ["--max-running-requests", "2"]})
+    stack = LocalStack(config, progress=lambda m: None).start()
+    extra = None
+    try:
+        cluster = Cluster(stack)
+        await cluster.wait_for_workers(2)
+        async with httpx.AsyncClient(base_url=stack.url, timeout=300) as client:
+            for i in range(4):  # the same document, question after question
+                r = await client.post("/v1/completions", json={
+                    "model": MODEL, "prompt": DOC + f"Question {i}: what about receipts?",
+                    "max_tokens": 4, "temperature": 0})
+                assert r.status_code == 200, r.text
+            counts = await cluster.finished()
+            home = max(counts, key=counts.get)
+            assert counts[home] == 4, counts
+
+            # queue work on the home worker, then kill it
+            tasks = [asyncio.create_task(stream(client, DOC + f"Q{i}: summarise.", 24))
+                     for i in range(6)]
+            await asyncio.sleep(1.5)
+            cluster.process_of(home).popen.kill()
+            killed = time.monotonic()
+            results = await asyncio.gather(*tasks)
+            assert all(r["ok"] or r["started"] for r in results), results
+            moved = (tmp_path / "gateway.log").read_text().count("moved from")
+            assert moved >= 1  # queued requests were resubmitted to the survivor
+
+            await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - killed)))
+            after = await client.post("/v1/completions", json={
+                "model": MODEL, "prompt": DOC + "After the failure?", "max_tokens": 4})
+            assert after.status_code == 200, after.text
+            assert await cluster.workers() != [] and home not in await cluster.workers()
+
+            # a new worker joins and receives traffic
+            survivor = (await cluster.workers())[0]
+            extra = subprocess.Popen([
+                sys.executable, "-m", "services.gpu_worker", "--nats-url", stack.nats_url,
+                "--subject-prefix", config.subject_prefix, "--threads", "1",
+                "--kv-slots", "4096", "--worker-id", "joiner"],
+                stdout=open(tmp_path / "joiner.log", "wb"), stderr=subprocess.STDOUT)
+            await cluster.wait_for_workers(2)
+            replies = await asyncio.gather(*(client.post("/v1/completions", json={
+                "model": MODEL, "prompt": f"Fresh topic {i}: the moon is", "max_tokens": 8})
+                for i in range(6)))
+            assert all(r.status_code == 200 for r in replies)
+            counts = await cluster.finished()
+            assert counts.get("joiner", 0) > 0, (counts, survivor)
+    finally:
+        if extra is not None:
+            extra.terminate()
+            extra.wait(timeout=10)
+        stack.stop()
