@@ -30,6 +30,7 @@ from libs.protocol.messages import (
     TextDelta,
 )
 
+from .fallback import LoadView
 from .generation import Completion, Generation
 
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
@@ -70,6 +71,7 @@ class PipelineConfig:
     request_timeout: float = 600.0  # longest silence between two deltas
     bus_timeout: float = 10.0  # encode / route / submit replies
     route_attempts: int = 3  # submit refused with 503 -> route again, excluding that worker
+    route_timeout: float = 2.0  # past this the gateway routes by its own load view
 
 
 class Pipeline:
@@ -87,16 +89,19 @@ class Pipeline:
         self._queues: dict[str, asyncio.Queue[TextDelta]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._sub = None
+        self.loads: LoadView | None = None
 
     @property
     def open_requests(self) -> int:
         return len(self._queues)
 
     async def start(self) -> None:
-        """Subscribe once to this instance's output subject."""
+        """Subscribe once to this instance's output subject (and to worker loads)."""
         self._sub = await self.bus.subscribe(
             self.subjects.gateway_out(self.instance), self._dispatch, GatewayBatch
         )
+        self.loads = LoadView()
+        await self.loads.start(self.bus, self.subjects)
 
     async def stop(self) -> None:
         """Unsubscribe and wait for pending abort/release messages to go out."""
@@ -189,14 +194,7 @@ class Pipeline:
             detok_instance=enc.detok_instance, cache_salt=req.cache_salt,
         )
         while True:
-            route = await self.bus.request(
-                self.subjects.index_route(),
-                RouteRequest(rid=rid, model=self.model, num_tokens=len(enc.input_ids),
-                             exclude=exclude, input_ids=enc.input_ids,
-                             cache_salt=req.cache_salt),
-                RouteReply, self.config.bus_timeout,
-            )
-            worker = route.worker_id
+            worker = await self._route(rid, req, enc, exclude)
             try:
                 await self.bus.request(self.subjects.sched_submit(worker), submit, SubmitReply,
                                        self.config.bus_timeout)
@@ -209,6 +207,25 @@ class Pipeline:
                 exclude.append(worker)
                 if not (refused and exc.status == 503 and len(exclude) < self.config.route_attempts):
                     raise
+
+    async def _route(self, rid: str, req: GenerationRequest, enc: EncodeReply,
+                     exclude: list[str]) -> str:
+        """Ask the cache index; if it cannot answer, pick from our own load view."""
+        route = RouteRequest(rid=rid, model=self.model, num_tokens=len(enc.input_ids),
+                             exclude=exclude, input_ids=enc.input_ids, cache_salt=req.cache_salt)
+        try:
+            reply = await self.bus.request(self.subjects.index_route(), route, RouteReply,
+                                           self.config.route_timeout)
+            return reply.worker_id
+        except ServiceError as exc:
+            if exc.code not in ("service_unavailable", "timeout") or self.loads is None:
+                raise
+            worker = self.loads.pick(self.model, exclude)
+            if worker is None:
+                raise
+            log.warning("cache index unavailable (%s): routed %s to least-loaded %s",
+                        exc.message, rid, worker)
+            return worker
 
     def _publish_later(self, subject: str, msg) -> None:
         """Publish from a task of its own, so cancellation of the caller cannot lose it."""

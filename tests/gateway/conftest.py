@@ -37,6 +37,8 @@ class PlayedServices:
     encode_error: ServiceError | None = None
     submit_errors: dict[str, ServiceError] = field(default_factory=dict)  # per worker
     workers: list[str] = field(default_factory=lambda: ["w1", "w2"])
+    route_down: bool = False  # no cache index on the bus
+    lost_workers: set[str] = field(default_factory=set)  # die before their first token
     encodes: list[EncodeRequest] = field(default_factory=list)
     routes: list[RouteRequest] = field(default_factory=list)
     submits: list[SubmitRequest] = field(default_factory=list)
@@ -48,7 +50,8 @@ class PlayedServices:
     async def start(self) -> "PlayedServices":
         s, sub = self.subjects, self.bus.subscribe
         await sub(s.tokenizer_encode(), self._encode, EncodeRequest)
-        await sub(s.index_route(), self._route, RouteRequest)
+        if not self.route_down:
+            await sub(s.index_route(), self._route, RouteRequest)
         await sub(s.index_release(), self._record(self.releases), ReleaseRequest)
         await sub(s.tokenizer_detok(DETOK), self._record(self.detok_releases), DetokRelease)
         for worker in self.workers:
@@ -81,9 +84,16 @@ class PlayedServices:
             self.submits.append(req)
             if worker in self.submit_errors:
                 raise self.submit_errors[worker]
-            asyncio.get_running_loop().create_task(self._produce(req))
+            produce = self._lose if worker in self.lost_workers else self._produce
+            asyncio.get_running_loop().create_task(produce(req))
             return SubmitReply(queue_position=0)
         return submit
+
+    async def _lose(self, req: SubmitRequest) -> None:
+        info = ErrorInfo(code="worker_lost", message="worker lost: no announce", status=503)
+        await asyncio.sleep(0.02)
+        await self.bus.publish(self.subjects.gateway_out(self._gateway_of[req.rid]), GatewayBatch(
+            items=[TextDelta(rid=req.rid, text="", token_ids=[], finish_reason="error", error=info)]))
 
     async def _produce(self, req: SubmitRequest) -> None:
         out = self.subjects.gateway_out(self._gateway_of[req.rid])

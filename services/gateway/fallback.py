@@ -1,0 +1,42 @@
+"""The gateway's own view of worker load, for routing when the cache index is down."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from libs.protocol import Bus, Subjects
+from libs.protocol.messages import LoadReport
+
+log = logging.getLogger("radixmesh.gateway.fallback")
+
+
+class LoadView:
+    """Latest LoadReport per worker (the same reports the cache index reads)."""
+
+    def __init__(self, liveness_s: float = 3.0, clock=time.monotonic) -> None:
+        self.liveness_s = liveness_s
+        self.clock = clock
+        self._reports: dict[str, tuple[LoadReport, float]] = {}
+        self.fallback_routes = 0
+
+    async def start(self, bus: Bus, subjects: Subjects) -> None:
+        await bus.subscribe(subjects.index_load_all(), self._on_load, LoadReport)
+
+    async def _on_load(self, report: LoadReport) -> None:
+        if report.alive:
+            self._reports[report.worker_id] = (report, self.clock())
+        else:
+            self._reports.pop(report.worker_id, None)
+
+    def pick(self, model: str, exclude: list[str]) -> str | None:
+        """Least-loaded live worker for ``model``, or None if none is known."""
+        now = self.clock()
+        live = [r for r, seen in self._reports.values()
+                if now - seen <= self.liveness_s and r.model == model
+                and r.worker_id not in exclude]
+        if not live:
+            return None
+        best = min(live, key=lambda r: (r.running + r.waiting, -r.free_slots))
+        self.fallback_routes += 1
+        return best.worker_id
