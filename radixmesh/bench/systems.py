@@ -2,7 +2,9 @@
 
 - ``radixmesh``: the stack (started here, or the gateway at ``--url``);
 - ``radixmesh-no-cache``: a stack started with the scheduler's prefix cache off;
-- ``hf-generate``: HF transformers ``generate`` in-process, sequentially.
+- ``hf-generate``: HF transformers ``generate`` in-process, sequentially;
+- ``radixmesh-<policy>``: a stack whose cache index routes with ``<policy>``
+  (``cache_aware``, ``round_robin``, ``least_load``, ``random``, ``prefix_hash``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .workload import Workload
 from .workloads import RandomParams, build_random
 
 SYSTEMS = ("radixmesh", "radixmesh-no-cache", "hf-generate")
+ROUTING_POLICIES = ("cache_aware", "round_robin", "least_load", "random", "prefix_hash")
 NO_CACHE_FLAG = "--disable-radix-cache"
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -36,6 +39,7 @@ class SystemPlan:
     name: str
     kind: str  # "url" | "stack" | "hf"
     scheduler_flags: tuple[str, ...] = ()
+    index_flags: tuple[str, ...] = ()
 
 
 @dataclass
@@ -56,11 +60,17 @@ def scheduler_supports(flag: str) -> bool:
 
 def plan_systems(wanted: list[str], url: str | None) -> Plan:
     plan = Plan()
-    unknown = sorted(set(wanted) - set(SYSTEMS))
+    routed = {f"radixmesh-{p}": p for p in ROUTING_POLICIES}
+    unknown = sorted(set(wanted) - set(SYSTEMS) - set(routed))
     if unknown:
-        raise BenchError(f"unknown system(s) {unknown}; choose from {list(SYSTEMS)}")
+        raise BenchError(f"unknown system(s) {unknown}; choose from {[*SYSTEMS, *routed]}")
     for name in wanted:
-        if name == "radixmesh":
+        if name in routed:
+            if url:
+                plan.notes.append(f"{name} skipped: it needs a stack started by the harness")
+            else:
+                plan.systems.append(SystemPlan(name, "stack", index_flags=("--policy", routed[name])))
+        elif name == "radixmesh":
             plan.systems.append(SystemPlan(name, "url" if url else "stack"))
         elif name == "radixmesh-no-cache":
             if url:
@@ -116,7 +126,11 @@ def run_stack(plan: SystemPlan, stack_kwargs: dict, log_dir: Path, startup_timeo
     """Start a private stack for ``plan``, run the workload on it, stop it."""
     from radixmesh.launcher import LocalStack, StackError, ephemeral_stack_config
 
-    extra = {"scheduler": list(plan.scheduler_flags)} if plan.scheduler_flags else {}
+    extra = {}
+    if plan.scheduler_flags:
+        extra["scheduler"] = list(plan.scheduler_flags)
+    if plan.index_flags:
+        extra["cache_index"] = list(plan.index_flags)
     config = ephemeral_stack_config(log_dir, extra=extra, **stack_kwargs)
     stack = LocalStack(config, progress=lambda msg: None)
     try:
