@@ -80,37 +80,20 @@ class RadixCache:
 
     def match_prefix(self, namespace: str, tokens) -> MatchResult:
         """Longest cached page-aligned prefix of ``tokens`` in ``namespace``."""
-        key = self._aligned(tokens)
         node, pos, parts = self._root(namespace), 0, []
         now = time.monotonic()
-        while pos < len(key):
-            child = node.children.get(self._page(key, pos))
-            if child is None:
-                break
-            n = self._common(child.key, key[pos:])
-            partial = n < len(child.key)
-            if partial:
-                child = self._split(child, n)
+        for child, n in self._walk(namespace, self._aligned(tokens), split=True):
             child.last_access, child.hits = now, child.hits + 1
             parts.append(child.value)
             node, pos = child, pos + n
-            if partial:
-                break
         slots = np.concatenate(parts) if parts else np.empty(0, np.int64)
         return MatchResult(node, slots, pos)
 
     def peek(self, namespace: str, tokens) -> tuple[int, TreeNode]:
         """Cached prefix length and the deepest node reached; changes nothing."""
-        key = self._aligned(tokens)
         node, pos = self._root(namespace), 0
-        while pos < len(key):
-            child = node.children.get(self._page(key, pos))
-            if child is None:
-                break
-            n = self._common(child.key, key[pos:])
+        for child, n in self._walk(namespace, self._aligned(tokens), split=False):
             node, pos = child, pos + n
-            if n < len(child.key):
-                break
         return pos, node
 
     def size_info(self) -> SizeInfo:
@@ -132,13 +115,7 @@ class RadixCache:
         key = self._aligned(tokens)
         node, pos = self._root(namespace), 0
         now = time.monotonic()
-        while pos < len(key):
-            child = node.children.get(self._page(key, pos))
-            if child is None:
-                break
-            n = self._common(child.key, key[pos:])
-            if n < len(child.key):
-                child = self._split(child, n)
+        for child, n in self._walk(namespace, key, split=True):
             child.last_access = now
             node, pos = child, pos + n
         existing = pos
@@ -209,6 +186,23 @@ class RadixCache:
             (evictable, protected), (self._evictable, self._protected))
 
     # -- internals --------------------------------------------------------------
+
+    def _walk(self, namespace: str, key: np.ndarray, split: bool):
+        """Yield (node, tokens matched in it) down the path of ``key``; with
+        ``split`` a partly matched node is cut so the last one matches whole."""
+        node, pos = self._root(namespace), 0
+        while pos < len(key):
+            child = node.children.get(self._page(key, pos))
+            if child is None:
+                return
+            n = self._common(child.key, key[pos:])
+            partial = n < len(child.key)
+            if partial and split:
+                child = self._split(child, n)
+            yield child, n
+            if partial:
+                return
+            node, pos = child, pos + n
 
     def _root(self, namespace: str) -> TreeNode:
         root = self._roots.get(namespace)
