@@ -1,12 +1,15 @@
 """Attention over the paged KV layout and the small elementwise kernels of the model.
 
-Backends are chosen by name (:func:`get_backend`); ``torch`` is the portable
-reference, ``triton`` and ``flashinfer`` are reserved names.
+Backends are chosen by name (:func:`get_backend`): ``torch`` (portable, the CPU
+default and the reference), ``triton`` (CUDA; the interpreter on a CPU for
+tests) and ``flashinfer`` (CUDA, half precision). :func:`default_backend`
+picks one per device.
 """
 
 from .base import AttentionBackend, AttentionMetadata
+from .errors import BackendNotAvailable
 from .kv_pool import KVPool
-from .registry import BackendNotAvailable, available_backends, get_backend
+from .registry import available_backends, default_backend, get_backend, known_backends
 
 __all__ = [
     "AttentionBackend",
@@ -14,5 +17,7 @@ __all__ = [
     "BackendNotAvailable",
     "KVPool",
     "available_backends",
+    "default_backend",
     "get_backend",
+    "known_backends",
 ]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import torch
 
+from . import ops as torch_ops
 from .kv_pool import KVPool
 
 
@@ -43,13 +45,24 @@ class AttentionMetadata:
 
 
 class AttentionBackend(ABC):
-    """Attention over a :class:`KVPool`; ``prepare`` once per step, ``forward`` per layer."""
+    """Attention over a :class:`KVPool`; ``prepare`` once per step, ``forward`` per layer.
+
+    ``ops`` is the module of elementwise kernels (``rmsnorm``, ``apply_rope``,
+    ``silu_mul``, same signatures as :mod:`libs.kernels.ops`) that suits this
+    backend's device.
+    """
 
     name: str = ""
+    ops: ModuleType = torch_ops
 
     def __init__(self, kv: KVPool, scale: float | None = None) -> None:
+        self.check_available(kv.device, kv.dtype)
         self.kv = kv
         self.scale = scale if scale is not None else kv.head_dim**-0.5
+
+    @classmethod
+    def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
+        """Raise BackendNotAvailable (with the reason) when this backend cannot run on ``device``/``dtype``."""
 
     @abstractmethod
     def prepare(self, meta: AttentionMetadata) -> None:

@@ -126,10 +126,12 @@ class TorchAttentionBackend(AttentionBackend):
         values = plan.v_buf.view(b, heads, n, dim)
         # GQA: query head h uses kv head h // group, so fold the group into the query axis
         qg = q.reshape(b, heads, -1, dim)
-        scores = torch.matmul(qg, keys.transpose(-1, -2)).float()
+        if keys.dtype != torch.float32:  # NOTE: logits and sums in float32, as the fused kernels do
+            qg, keys, values = qg.float(), keys.float(), values.float()
+        scores = torch.matmul(qg, keys.transpose(-1, -2))
         scores.mul_(self.scale).add_(plan.mask)
-        probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        return torch.matmul(probs, values).reshape(b, -1, dim)
+        probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, values).reshape(b, -1, dim).to(q.dtype)
 
     def _attend_extend(self, layer, q, k, v, ext: _ExtendPlan) -> torch.Tensor:
         span = slice(ext.start, ext.start + ext.length)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from libs.kernels import AttentionBackend
-from libs.kernels.ops import Rotary, apply_rope, rmsnorm, rope_inv_freq, silu_mul
+from libs.kernels.ops import Rotary, rope_inv_freq
 
 from .config import ModelConfig
 from .weights import LayerWeights, load_weights
@@ -45,22 +45,24 @@ class LlamaModel:
         """
         w = self.weights
         eps = self.config.rms_norm_eps
+        ops = attn.ops  # NOTE: elementwise kernels that match the attention backend
         rope = self.rotary.lookup(positions, self.dtype)
         x = F.embedding(input_ids, w.embed)
         for i, layer in enumerate(w.layers):
-            x = x + self._attention(i, layer, rmsnorm(x, layer.input_norm, eps), rope, attn)
-            x = x + self._mlp(layer, rmsnorm(x, layer.post_norm, eps))
-        x = rmsnorm(x.index_select(0, last_index), w.final_norm, eps)
+            x = x + self._attention(i, layer, ops.rmsnorm(x, layer.input_norm, eps), rope, attn)
+            x = x + self._mlp(layer, ops.rmsnorm(x, layer.post_norm, eps), ops)
+        x = ops.rmsnorm(x.index_select(0, last_index), w.final_norm, eps)
         return F.linear(x, w.lm_head).float()
 
     def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, rope, attn) -> torch.Tensor:
         cfg, t = self.config, h.shape[0]
         qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-        qk = apply_rope(qkv[:, : self._qk_width].view(t, -1, cfg.head_dim), *rope)
+        qk = attn.ops.apply_rope(qkv[:, : self._qk_width].view(t, -1, cfg.head_dim), *rope)
         q, k = qk[:, : self._q_heads], qk[:, self._q_heads :]
         v = qkv[:, self._qk_width :].view(t, cfg.num_kv_heads, cfg.head_dim)
         o = attn.forward(i, q, k, v)
         return F.linear(o.reshape(t, -1), layer.o_proj, layer.o_bias)
 
-    def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(silu_mul(F.linear(h, layer.gate_up, layer.gate_up_bias)), layer.down, layer.down_bias)
+    def _mlp(self, layer: LayerWeights, h: torch.Tensor, ops) -> torch.Tensor:
+        gate_up = F.linear(h, layer.gate_up, layer.gate_up_bias)
+        return F.linear(ops.silu_mul(gate_up), layer.down, layer.down_bias)

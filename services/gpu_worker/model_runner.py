@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from libs.kernels import AttentionMetadata, KVPool, get_backend
+from libs.kernels import AttentionMetadata, KVPool, default_backend, get_backend
 from libs.protocol.messages import ForwardBatch
 from radixmesh.models import resolve_model
 
@@ -24,7 +24,7 @@ class RunnerConfig:
     dtype: str = "float32"
     kv_slots: int = 32768
     max_requests: int = 256
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # auto: torch on CPU; flashinfer, else triton, on CUDA
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
 
@@ -46,7 +46,10 @@ class ModelRunner:
         mc = self.model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, DTYPES[config.dtype], self.device)
-        self.attn = get_backend(config.attention_backend, self.kv)
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = default_backend(self.device, DTYPES[config.dtype])
+        self.attn = get_backend(backend, self.kv)
         # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]
         self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)
         self.sampler = Sampler(config.max_requests, mc.vocab_size, self.device)

@@ -1,0 +1,119 @@
+"""Attention with the Triton kernels of :mod:`libs.kernels.triton_attention` (CUDA, or the interpreter on CPU).
+
+``prepare`` splits the step into decode rows (one new token: split-K decode
+kernel) and extend rows (several: extend kernel) and builds each side's CSR
+layout once; ``forward`` stores K/V and launches at most three kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton  # NOTE: an ImportError here becomes BackendNotAvailable in the registry
+
+from . import triton_attention as kernels
+from . import triton_ops
+from .base import AttentionBackend, AttentionMetadata
+from .errors import BackendNotAvailable
+from .ragged import RaggedLayout, ragged_layout
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Split-K decode and ragged causal extend over slot indices.
+
+    ``max_splits`` bounds the decode split count; a split covers at least
+    ``min_split_len`` keys (on a GPU also no more splits than fill twice its
+    SMs). ``block_m`` / ``block_n`` are the query / key tile sizes (defaults
+    64 / 64; 32 / 32 for float32 with D > 64; block_m 32 in the interpreter).
+    """
+
+    name = "triton"
+    ops = triton_ops
+
+    def __init__(
+        self, kv, scale=None, *, max_splits: int = 16, min_split_len: int = 256,
+        block_m: int | None = None, block_n: int | None = None,
+    ) -> None:
+        super().__init__(kv, scale)
+        fp32_big = kv.dtype == torch.float32 and kv.head_dim > 64
+        self.block_m = block_m or (32 if kernels.INTERPRETED or fp32_big else 64)
+        self.block_n = block_n or (32 if fp32_big else 64)
+        self.max_splits, self.min_split_len = max_splits, min_split_len
+        on_gpu = kv.device.type == "cuda"
+        self._sms = torch.cuda.get_device_properties(kv.device).multi_processor_count if on_gpu else 0
+        self._mid: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._step: _Step | None = None
+
+    @classmethod
+    def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise BackendNotAvailable("triton: CUDA is not available in this process")
+            if kernels.INTERPRETED:
+                raise BackendNotAvailable("triton: TRITON_INTERPRET=1 is set, unset it to run on CUDA")
+            return
+        if device.type != "cpu":
+            raise BackendNotAvailable(f"triton: device {device} is not supported (cuda, or cpu in the interpreter)")
+        if not kernels.INTERPRETED:
+            set_now = os.environ.get("TRITON_INTERPRET") == "1"
+            raise BackendNotAvailable(
+                "triton on CPU runs only in the interpreter (slow; for tests): "
+                + ("TRITON_INTERPRET=1 was set after the kernels were imported" if set_now
+                   else "set TRITON_INTERPRET=1 before starting")
+            )
+
+    # -- per step -----------------------------------------------------------
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        ext = meta.extend_lens
+        decode_rows, extend_rows = np.flatnonzero(ext == 1), np.flatnonzero(ext > 1)
+        decode = ragged_layout(meta, decode_rows) if len(decode_rows) else None
+        splits = self._num_splits(decode) if decode else 1
+        extend = ragged_layout(meta, extend_rows) if len(extend_rows) else None
+        self._step = _Step(meta.out_slots, decode, extend, splits)
+
+    def _num_splits(self, lay: RaggedLayout) -> int:
+        by_len = triton.cdiv(lay.max_seq, self.min_split_len)
+        if self._sms:  # NOTE: enough programs to fill the GPU, no more
+            by_len = min(by_len, max(1, triton.cdiv(2 * self._sms, lay.batch * self.kv.num_kv_heads)))
+        return max(1, min(self.max_splits, by_len))
+
+    def _scratch(self, batch: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Grow-only float32 scratch for the split partials, so steady decoding allocates nothing."""
+        have = self._mid[0].shape if self._mid is not None else None
+        if have is None or have[0] < batch or have[1] != heads:
+            rows = max(batch, (have[0] * 5) // 4 if have else 0)
+            shape = (rows, heads, self.max_splits)
+            dev, dim = self.kv.device, self.kv.head_dim
+            self._mid = (
+                torch.empty(*shape, dim, dtype=torch.float32, device=dev),
+                torch.empty(shape, dtype=torch.float32, device=dev),
+            )
+        return self._mid
+
+    # -- per layer ----------------------------------------------------------
+
+    def forward(self, layer, q, k, v, out=None):
+        step = self._step
+        assert step is not None, "prepare() must run before forward()"
+        self.kv.store(layer, step.out_slots, k, v)
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        k_pool, v_pool = self.kv.k[layer], self.kv.v[layer]
+        if step.decode is not None:
+            mid = self._scratch(step.decode.batch, q.shape[1])
+            kernels.decode_attention(q, k_pool, v_pool, out, step.decode, self.scale, step.splits, mid, self.block_n)
+        if step.extend is not None:
+            kernels.extend_attention(q, k_pool, v_pool, out, step.extend, self.scale, self.block_m, self.block_n)
+        return out
+
+
+@dataclass(frozen=True)
+class _Step:
+    out_slots: torch.Tensor
+    decode: RaggedLayout | None  # rows with one new token
+    extend: RaggedLayout | None  # rows with several
+    splits: int

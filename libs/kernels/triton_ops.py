@@ -1,0 +1,95 @@
+"""RMSNorm, RoPE and SiLU-and-multiply as Triton kernels, with the signatures of :mod:`libs.kernels.ops`.
+
+One program per token row; the math runs in float32 and rounds once, like the
+torch versions (RMSNorm rounds the normalised row before the weight, as HF does).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_utils import INTERPRETED, cast
+
+
+@triton.jit
+def _rmsnorm_kernel(X, W, Out, stride_x, stride_o, n, eps, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    xn = x * tl.rsqrt(tl.sum(x * x, 0) / n + eps)
+    w = tl.load(W + offs, mask=mask, other=0.0)
+    y = cast(xn, Out.dtype.element_ty, INTERP).to(tl.float32) * w.to(tl.float32)
+    tl.store(Out + row * stride_o + offs, cast(y, Out.dtype.element_ty, INTERP), mask=mask)
+
+
+@triton.jit
+def _silu_mul_kernel(GU, Out, stride_g, stride_o, inter, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    row, col = tl.program_id(0), tl.program_id(1)
+    offs = col * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < inter
+    g = tl.load(GU + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(GU + row * stride_g + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(Out + row * stride_o + offs, cast(y, Out.dtype.element_ty, INTERP), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    X, Cos, Sin, Out, heads,
+    stride_xt, stride_xh, stride_ct, stride_st, stride_ot, stride_oh,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,
+):
+    t = tl.program_id(0)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs = tl.arange(0, BLOCK)
+    mask = (offs_h[:, None] < heads) & (offs[None, :] < HALF)
+    cos = tl.load(Cos + t * stride_ct + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(Sin + t * stride_st + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+    x_ptr = X + t * stride_xt + offs_h[:, None] * stride_xh + offs[None, :]
+    x1 = tl.load(x_ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    o_ptr = Out + t * stride_ot + offs_h[:, None] * stride_oh + offs[None, :]
+    tl.store(o_ptr, cast(x1 * cos - x2 * sin, Out.dtype.element_ty, INTERP), mask=mask)
+    tl.store(o_ptr + HALF, cast(x2 * cos + x1 * sin, Out.dtype.element_ty, INTERP), mask=mask)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * x / rms(x)`` over the last dim of a [T, n] tensor (rows may be strided)."""
+    assert x.dim() == 2 and x.stride(-1) == 1
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n = x.shape[-1]
+    _rmsnorm_kernel[(x.shape[0],)](
+        x, weight, out, x.stride(0), out.stride(0), n, eps, BLOCK=triton.next_power_of_2(n), INTERP=INTERPRETED,
+    )
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for a [T, 2 * inter] gate/up projection."""
+    assert gate_up.dim() == 2 and gate_up.stride(-1) == 1
+    t, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(t, inter, dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, triton.next_power_of_2(inter))
+    _silu_mul_kernel[(t, triton.cdiv(inter, block))](
+        gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, INTERP=INTERPRETED,
+    )
+    return out
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split rotation of ``x`` [T, heads, D] by ``cos``/``sin`` ([T, 1, D/2] or [T, D/2])."""
+    assert x.dim() == 3 and x.stride(-1) == 1
+    t, heads, dim = x.shape
+    cos, sin = cos.reshape(t, dim // 2), sin.reshape(t, dim // 2)
+    assert cos.stride(-1) == 1 and sin.stride(-1) == 1
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _rope_kernel[(t,)](
+        x, cos, sin, out, heads,
+        x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
+        HALF=dim // 2, BLOCK_H=triton.next_power_of_2(heads), BLOCK=triton.next_power_of_2(dim // 2),
+        INTERP=INTERPRETED,
+    )
+    return out

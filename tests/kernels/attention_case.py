@@ -1,0 +1,97 @@
+"""One attention check shared by the backend tests: a random paged step against a float64 reference.
+
+Every check draws fresh inputs from the test's generator (see the ``gen``
+fixture, which prints its seed), fills the pool with stale data, poisons every
+slot the step does not own with NaN (attention must never read them) and the
+output with NaN (every element must be written).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from libs.kernels import AttentionBackend, KVPool
+from libs.kernels.synthetic import synthetic_step
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+@dataclass(frozen=True)
+class Case:
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    kv_heads: int = 2
+    group: int = 1
+    head_dim: int = 64
+    dtype: torch.dtype = torch.float32
+    page_size: int = 1
+    layers: int = 1
+
+
+def random_lens(gen: torch.Generator, batch: int, max_prefix: int, max_extend: int) -> tuple[list[int], list[int]]:
+    """Ragged lengths with a fresh prefill (prefix 0), a long prefix, decode rows and extend rows."""
+    prefix = torch.randint(0, max_prefix + 1, (batch,), generator=gen).tolist()
+    extend = torch.randint(1, max_extend + 1, (batch,), generator=gen).tolist()
+    prefix[0], extend[0] = 0, max_extend  # prefill without a prefix
+    prefix[-1], extend[-1] = max_prefix, 1  # decode after the longest prefix
+    if batch > 2:
+        extend[1] = 1 if extend[1] > 1 else 2  # ensure both kinds whatever the draw
+    return prefix, extend
+
+
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int, scale: float) -> torch.Tensor:
+    """Causal GQA attention in float64 of ``q`` [n, H, D] over ``keys``/``values`` [prefix + n, Hkv, D]."""
+    n, heads = q.shape[:2]
+    group = heads // keys.shape[1]
+    k = keys.double().repeat_interleave(group, dim=1)
+    v = values.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    pos_k = torch.arange(keys.shape[0], device=q.device)
+    pos_q = prefix + torch.arange(n, device=q.device)
+    scores = scores.masked_fill(pos_k[None, None, :] > pos_q[None, :, None], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def check_attention(
+    make_backend: Callable[[KVPool], AttentionBackend], case: Case, gen: torch.Generator, device: str = "cpu"
+) -> float:
+    """Run ``case`` through a fresh backend; assert stores, coverage and accuracy; return the worst relative error."""
+    seq = [p + e for p, e in zip(case.prefix_lens, case.extend_lens)]
+    pages = sum(-(-n // case.page_size) for n in seq)
+    pool = KVPool(case.layers, 2 * pages * case.page_size + 64, case.kv_heads, case.head_dim, case.dtype, device)
+    step = synthetic_step(
+        case.prefix_lens, case.extend_lens, num_slots=pool.num_slots, page_size=case.page_size,
+        max_requests=len(seq) + 3, generator=gen, device=device,
+    )
+    for t in pool.k + pool.v:
+        t.copy_(_randn(t.shape, gen, case.dtype, device) * 3)
+        t[step.free] = float("nan")
+    backend = make_backend(pool)
+    backend.prepare(step.meta)
+    heads, tokens = case.kv_heads * case.group, step.meta.num_tokens
+    worst = 0.0
+    for layer in range(case.layers):
+        q = _randn((tokens, heads, case.head_dim), gen, case.dtype, device)
+        k = _randn((tokens, case.kv_heads, case.head_dim), gen, case.dtype, device)
+        v = _randn((tokens, case.kv_heads, case.head_dim), gen, case.dtype, device)
+        out = torch.full_like(q, float("nan"))
+        assert backend.forward(layer, q, k, v, out=out) is out
+        slots = step.meta.out_slots
+        assert torch.equal(pool.k[layer][slots], k) and torch.equal(pool.v[layer][slots], v), "new K/V not stored"
+        assert not out.isnan().any(), f"{int(out.isnan().any(-1).any(-1).sum())} token rows left unwritten"
+        for i, span in enumerate(step.token_spans):
+            owned = step.owned[i]
+            ref = reference(q[span], pool.k[layer][owned], pool.v[layer][owned], case.prefix_lens[i], backend.scale)
+            err = float((out[span].double() - ref).abs().max() / ref.abs().max())
+            assert err <= TOLERANCE[case.dtype], (
+                f"request {i} (prefix {case.prefix_lens[i]}, extend {case.extend_lens[i]}): relative error {err:.2e}"
+            )
+            worst = max(worst, err)
+    return worst
+
+
+def _randn(shape, gen: torch.Generator, dtype: torch.dtype, device: str) -> torch.Tensor:
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)

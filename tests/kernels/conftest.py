@@ -1,0 +1,32 @@
+"""Kernel tests: the Triton interpreter on a CPU-only machine, fresh random inputs with a printed seed."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+# NOTE: must precede the first import of the Triton kernels (triton.jit reads it when they are defined)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture()
+def gen() -> torch.Generator:
+    """A generator with a fresh seed each run; the seed is printed, so a failing test shows it."""
+    seed = int(os.environ.get("KERNEL_TEST_SEED", random.randrange(2**31)))
+    print(f"seed={seed} (rerun with KERNEL_TEST_SEED={seed})")
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The machine is shared: keep each test on one core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
