@@ -4,8 +4,11 @@
 (prefill tokens queued there plus this request's uncached ones, over the
 worker's measured prefill rate, plus one decode step) plus the cost of the
 recomputation itself (uncached tokens over the rate: capacity every later
-request loses). If load is badly skewed it falls back to least-load, so a hot
-prefix cannot pile everything onto one worker.
+request loses). If the worker it prefers is badly overloaded compared with the
+least-loaded one it falls back to least-load, so a hot prefix cannot pile
+everything onto one worker. (The guard looks at the preferred worker only: in
+a large cluster some worker is nearly always idle, and a cluster-wide spread
+test would switch affinity off almost always.)
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from typing import Callable
 from .registry import WorkerState
 
 DEFAULT_PREFILL_TPS = 500.0  # until a worker has measured its own
-BALANCE_ABS = 8  # load gap (requests) that ...
-BALANCE_REL = 1.5  # ... together with this ratio counts as imbalance
+BALANCE_ABS = 16  # the preferred worker's load exceeds the least-loaded one's by this ...
+BALANCE_REL = 2.0  # ... and by this ratio: route least-loaded instead
 
 
 @dataclass
@@ -55,10 +58,11 @@ def least_load(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
 
 
 def cache_aware(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
-    loads = [c.load for c in cands]
-    if max(loads) - min(loads) > BALANCE_ABS and max(loads) > BALANCE_REL * max(min(loads), 1):
+    best = min(cands, key=lambda c: (c.score, c.load, random.random()))
+    lightest = min(c.load for c in cands)
+    if best.load - lightest > BALANCE_ABS and best.load > BALANCE_REL * max(lightest, 1):
         return least_load(cands, num_tokens, key)
-    return min(cands, key=lambda c: (c.score, c.load, random.random()))
+    return best
 
 
 def prefix_hash(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:

@@ -90,14 +90,14 @@ class PrefixIndex:
         return max(set(sizes), key=sizes.count) if sizes else 16
 
     def cached_tokens(self, worker_id: str, hashes: list[int],
-                      extra: set[int] | frozenset[int] = frozenset()) -> int:
+                      extra: list[frozenset[int]] = ()) -> int:
         """Leading pages of ``hashes`` (at this worker's page size) it holds or will
-        hold (``extra``: pages of requests just routed there), in tokens."""
+        hold (``extra``: page sets of requests just routed there), in tokens."""
         view = self.views.get(worker_id)
         blocks = view.blocks if view is not None and view.synced else set()
         matched = 0
         for h in hashes:
-            if h not in blocks and h not in extra:
+            if h not in blocks and not any(h in pages for pages in extra):
                 break
             matched += 1
         return matched * self.page_size(worker_id)

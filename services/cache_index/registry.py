@@ -9,8 +9,12 @@ from dataclasses import dataclass, field
 from libs.protocol.messages import LoadReport, WorkerSummary
 
 
+REPORT_GRACE_S = 0.1  # a report received this long after a booking already counts it
+
+
 @dataclass
 class Booking:
+    created: float
     expiry: float
     tokens: int  # prefill tokens the request adds to the worker's queue
     hashes: frozenset[int]  # its pages: soon cached on that worker
@@ -23,10 +27,15 @@ class WorkerState:
     bookings: dict[str, Booking] = field(default_factory=dict)
 
     def live_bookings(self, now: float) -> list[Booking]:
+        """Bookings whose pages may not be in the index yet (until released or expired)."""
         return [b for b in self.bookings.values() if b.expiry > now]
 
+    def unreported(self, now: float) -> list[Booking]:
+        """Bookings the last load report cannot include yet (so they add load)."""
+        return [b for b in self.live_bookings(now) if b.created > self.seen - REPORT_GRACE_S]
+
     def inflight(self, now: float) -> int:
-        return len(self.live_bookings(now))
+        return len(self.unreported(now))
 
     def load(self, now: float) -> int:
         return self.report.running + self.report.waiting + self.inflight(now)
@@ -66,7 +75,7 @@ class Registry:
         if state is not None:
             now = self.clock()
             state.bookings = {r: b for r, b in state.bookings.items() if b.expiry > now}
-            state.bookings[rid] = Booking(now + self.booking_ttl_s, tokens, hashes)
+            state.bookings[rid] = Booking(now, now + self.booking_ttl_s, tokens, hashes)
 
     def release(self, worker_id: str, rid: str) -> None:
         state = self._workers.get(worker_id)

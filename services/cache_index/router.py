@@ -22,6 +22,19 @@ class Decision(NamedTuple):
     chosen: Candidate
     candidates: list[Candidate]
 
+    def attributes(self, policy: str) -> dict[str, object]:
+        """Span attributes: the winner, the policy and every candidate, as parallel arrays."""
+        c = self.candidates
+        return {
+            "radixmesh.route.policy": policy,
+            "radixmesh.route.worker": self.chosen.worker_id,
+            "radixmesh.route.candidates": [x.worker_id for x in c],
+            "radixmesh.route.cached_tokens": [x.cached for x in c],
+            "radixmesh.route.load": [x.load for x in c],
+            "radixmesh.route.queued_tokens": [x.queued_tokens for x in c],
+            "radixmesh.route.score": [x.score for x in c],
+        }
+
 
 class Router:
     def __init__(self, registry: Registry, index: PrefixIndex, policy: str) -> None:
@@ -48,11 +61,13 @@ class Router:
             if page not in hashes:
                 hashes[page] = prompt_hashes(req.input_ids, req.cache_salt, page)
             booked = state.live_bookings(now)
-            extra = frozenset().union(*(b.hashes for b in booked)) if booked else frozenset()
+            unreported = state.unreported(now)
             cand = Candidate(
-                state=state, cached=self.index.cached_tokens(wid, hashes[page], extra),
-                load=len(booked) + state.report.running + state.report.waiting,
-                queued_tokens=state.report.queued_prefill_tokens + sum(b.tokens for b in booked),
+                state=state,
+                cached=self.index.cached_tokens(wid, hashes[page], [b.hashes for b in booked]),
+                load=len(unreported) + state.report.running + state.report.waiting,
+                queued_tokens=state.report.queued_prefill_tokens
+                + sum(b.tokens for b in unreported),
             )
             cand.score = score(cand, req.num_tokens)
             cands.append(cand)
@@ -60,8 +75,9 @@ class Router:
         page = self.index.page_size(chosen.worker_id)
         self.registry.book(chosen.worker_id, req.rid, req.num_tokens - chosen.cached,
                            frozenset(hashes[page]))
-        log.debug("route %s -> %s (%s) %s", req.rid, chosen.worker_id, self.policy_name,
-                  [(c.worker_id, c.cached, c.load, round(c.score, 4)) for c in cands])
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("route %s -> %s (%s) %s", req.rid, chosen.worker_id, self.policy_name,
+                      [(c.worker_id, c.cached, c.load, round(c.score, 4)) for c in cands])
         return Decision(chosen, cands)
 
     @staticmethod
