@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .bench import cli as bench_cli
 from .launcher import LocalStack, StackConfig, StackError
+from .simulate import cli as simulate_cli
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -67,11 +68,17 @@ def main(argv: list[str] | None = None) -> int:
                            description=bench_cli.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_cli.add_arguments(bench)
+    simulate = sub.add_parser("simulate", help="simulate routing policies over many workers",
+                              description=simulate_cli.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    simulate_cli.add_arguments(simulate)
     args = parser.parse_args(argv)
     if args.command == "up":
         return _up(args)
     if args.command == "bench":
         return bench_cli.run(args)
+    if args.command == "simulate":
+        return simulate_cli.run(args)
     return 2
 
 
