@@ -101,7 +101,9 @@ def bench_hf(model, prompts: list[list[int]], steps: int) -> float:
 
     prefill = run(1)
     full = run(steps + 1)
-    return len(prompts) * steps / max(full - prefill, 1e-9)
+    if full <= prefill:  # the machine was busier during the prefill-only run
+        return float("nan")
+    return len(prompts) * steps / (full - prefill)
 
 
 def main(argv: list[str] | None = None) -> None:
