@@ -1,5 +1,6 @@
 """The ``radixmesh`` command: ``radixmesh up`` starts the local stack, ``radixmesh bench``
-benchmarks one."""
+benchmarks one, ``radixmesh simulate`` simulates routing over many workers, ``radixmesh trace``
+shows a request's spans."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import trace as trace_cli
 from .bench import cli as bench_cli
 from .launcher import LocalStack, StackConfig, StackError
 from .simulate import cli as simulate_cli
@@ -20,6 +22,7 @@ def _up(args: argparse.Namespace) -> int:
         model=args.model, workers=args.workers, host=args.host, port=args.port,
         nats_url=os.environ.get("NATS_URL") or None, log_dir=Path(args.log_dir),
         dtype=args.dtype, kv_slots=args.kv_slots, threads_per_worker=args.threads,
+        traces=not args.no_traces,
     )
     stack = LocalStack(config)
     stopping = False
@@ -64,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     up.add_argument("--log-dir", default="logs")
     up.add_argument("--startup-timeout", type=float, default=300.0)
+    up.add_argument("--no-traces", action="store_true",
+                    help="do not keep spans in <log-dir>/spans.jsonl (for `radixmesh trace`)")
     bench = sub.add_parser("bench", help="benchmark the stack against baselines, side by side",
                            description=bench_cli.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                               description=simulate_cli.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     simulate_cli.add_arguments(simulate)
+    tr = sub.add_parser("trace", help="print a request's spans as a waterfall (local stack)",
+                        description=trace_cli.__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    trace_cli.add_arguments(tr)
     args = parser.parse_args(argv)
     if args.command == "up":
         return _up(args)
@@ -79,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_cli.run(args)
     if args.command == "simulate":
         return simulate_cli.run(args)
+    if args.command == "trace":
+        return trace_cli.run(args)
     return 2
 
 

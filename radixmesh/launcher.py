@@ -21,6 +21,7 @@ from typing import Callable
 
 from .models import DEFAULT_MODEL, resolve_model
 from .natsd import NatsServer, free_port
+from .trace import SPANS_FILE, SpanReceiver
 
 
 class StackError(RuntimeError):
@@ -40,6 +41,9 @@ class StackConfig:
     kv_slots: int = 32768
     threads_per_worker: int = 0  # 0: cores / workers
     extra: dict[str, list[str]] = field(default_factory=dict)  # service -> extra flags
+    # keep every span in log_dir/spans.jsonl (for `radixmesh trace`), unless the
+    # environment already sends them somewhere (OTEL_EXPORTER_OTLP_*ENDPOINT)
+    traces: bool = False
 
 
 @dataclass
@@ -56,6 +60,8 @@ class LocalStack:
         self.nats: NatsServer | None = None
         self.procs: list[_Proc] = []
         self.nats_url = config.nats_url or ""
+        self.spans: SpanReceiver | None = None
+        self._env: dict[str, str] = {}
 
     @property
     def url(self) -> str:
@@ -71,12 +77,24 @@ class LocalStack:
                 self.nats_url = self.nats.url
                 self.progress(f"nats-server on {self.nats_url}")
             model_arg = str(model_dir) if cfg.model != DEFAULT_MODEL else DEFAULT_MODEL
+            self._keep_spans()
             self._spawn_all(model_arg)
             self._wait_healthy(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _keep_spans(self) -> None:
+        from libs.protocol.telemetry import tracing_requested
+
+        if not self.config.traces or tracing_requested():
+            return
+        self.spans = SpanReceiver(self.config.log_dir / SPANS_FILE).start()
+        self._env = {"OTEL_EXPORTER_OTLP_ENDPOINT": self.spans.endpoint,
+                     "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                     "OTEL_BSP_SCHEDULE_DELAY": os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "500")}
+        self.progress(f"keeping spans in {self.config.log_dir / SPANS_FILE} (radixmesh trace last)")
 
     def _spawn_all(self, model: str) -> None:
         cfg = self.config
@@ -94,7 +112,7 @@ class LocalStack:
     def _spawn(self, service: str, args: list[str], log_name: str | None = None) -> None:
         cfg = self.config
         log = cfg.log_dir / f"{log_name or service}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **self._env)
         if service != "gpu_worker":
             env["OMP_NUM_THREADS"] = "1"
         cmd = [sys.executable, "-m", f"services.{service}", "--nats-url", self.nats_url,
@@ -149,6 +167,9 @@ class LocalStack:
                 proc.popen.kill()
                 proc.popen.wait()
         self.procs.clear()
+        if self.spans is not None:  # NOTE: after the services, which flush spans at exit
+            self.spans.stop()
+            self.spans = None
         if self.nats:
             self.nats.stop()
             self.nats = None

@@ -81,7 +81,8 @@ class Bus:
                 raise errors.unavailable(f"no service is listening on {subject}") from None
             except NatsTimeout:
                 raise errors.timeout(f"no reply on {subject} within {timeout:.1f}s") from None
-        return _decode_reply(reply, reply_type)
+            # NOTE: inside the span, so a typed error reply marks it failed
+            return _decode_reply(reply, reply_type)
 
     async def subscribe(
         self,
@@ -128,6 +129,7 @@ class Bus:
                 await self.nc.publish(raw.reply, codec.encode(result))
 
     async def _reply_error(self, raw: Msg, info: ErrorInfo) -> None:
+        tracing.handler_failed(raw.subject, info.code, info.message)
         if not raw.reply:
             log.warning("dropped %s: %s", raw.subject, info.message)
             return

@@ -280,6 +280,7 @@ class KVEventBatch(Base, tag="kv_events.v1"):
     seq: int
     page_size: int
     events: list[KVEvent]
+    ts: float = 0.0  # wall time of publication (for the index's event-lag metric)
 
 
 # -- gateway ----------------------------------------------------------------

@@ -18,6 +18,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from . import tracing
 from .bus import Bus
 from .messages import Ping, Pong
 from .subjects import Subjects
@@ -61,6 +62,7 @@ def setup_logging(service: str, level: str) -> None:
         level=level.upper(),
         format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
     )
+    tracing.install_log_context()  # lines written inside a request carry rid + trace id
 
 
 @dataclass

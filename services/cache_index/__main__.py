@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from libs.protocol.metrics import add_metrics_args, serve_metrics
+from libs.protocol.tracing import install_log_context
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
 )
@@ -17,11 +19,14 @@ from .service import CacheIndex
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="services.cache_index", description=__doc__)
     add_common_args(p, "cache_index")
+    add_metrics_args(p)
     p.add_argument("--policy", choices=sorted(POLICIES), default="cache_aware")
     p.add_argument("--liveness-s", type=float, default=3.0,
                    help="a worker without a load report for this long leaves the routing set")
     args = p.parse_args(argv)
     setup_logging("cache_index", args.log_level)
+    install_log_context()
+    serve_metrics(args.metrics_port, args.metrics_host)
 
     async def body(ctx: ServiceContext) -> None:
         await CacheIndex(ctx, args.policy, Registry(liveness_s=args.liveness_s)).start()

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+
+from opentelemetry import trace
+from prometheus_client import Counter, Histogram
 
 from libs.protocol import ServiceError
 from libs.protocol.messages import (
@@ -17,6 +21,17 @@ from .registry import Registry
 from .router import Router
 
 log = logging.getLogger("cache_index")
+_tracer = trace.get_tracer("radixmesh.cache_index")
+
+LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+KV_EVENT_LAG = Histogram("radixmesh:kv_event_lag_seconds",
+                         "Scheduler publish -> applied here, per KV event batch (wall clocks)",
+                         buckets=LAG_BUCKETS)
+LOAD_REPORT_LAG = Histogram("radixmesh:load_report_lag_seconds",
+                            "Scheduler publish -> handled here, per load report (wall clocks)",
+                            buckets=LAG_BUCKETS)
+KV_EVENTS = Counter("radixmesh:kv_events", "KV events received from schedulers")
+RESYNCS = Counter("radixmesh:kv_index_resyncs", "Snapshots fetched to resync a worker's view")
 
 
 class CacheIndex:
@@ -38,6 +53,7 @@ class CacheIndex:
         self.ctx.detail["policy"] = self.router.policy_name
 
     async def _on_load(self, report: LoadReport) -> None:
+        LOAD_REPORT_LAG.observe(max(0.0, time.time() - report.ts))
         before = {s.report.worker_id for s in self.registry.live()}
         self.registry.update(report)
         after = {s.report.worker_id for s in self.registry.live()}
@@ -48,11 +64,20 @@ class CacheIndex:
         self.ctx.detail["workers"] = str(len(after))
 
     async def _on_events(self, batch: KVEventBatch) -> None:
+        KV_EVENTS.inc(len(batch.events))
         if not self.index.on_events(batch):
             self._resync(batch.worker_id)
+            return
+        sent = getattr(batch, "ts", 0.0)  # NOTE: wall clock at publish, when the scheduler sets it
+        if sent:
+            KV_EVENT_LAG.observe(max(0.0, time.time() - sent))
 
     async def _on_route(self, req: RouteRequest) -> RouteReply:
-        decision = self.router.route(req)
+        with _tracer.start_as_current_span("cache_index.route") as span:
+            decision = self.router.route(req)
+            if span.is_recording():
+                span.set_attributes(decision.attributes(self.router.policy_name))
+                span.set_attributes({"radixmesh.rid": req.rid, "radixmesh.prompt_tokens": req.num_tokens})
         return RouteReply(worker_id=decision.chosen.worker_id, policy=self.router.policy_name)
 
     async def _on_release(self, msg: ReleaseRequest) -> None:
@@ -74,6 +99,7 @@ class CacheIndex:
             snap = await self.ctx.bus.request(self.ctx.subjects.sched_snapshot(worker_id),
                                               SnapshotRequest(), KVSnapshot, timeout=5.0)
             self.index.on_snapshot(snap)
+            RESYNCS.inc()
             log.info("resynced %s: %d blocks (epoch %d)", worker_id, len(snap.block_hashes),
                      snap.epoch)
         except ServiceError as exc:

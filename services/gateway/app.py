@@ -16,12 +16,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import ApiError
 from .health import HealthReport
+from .observability import RequestContextMiddleware
 from .openapi import openapi_document
 from .routes import GatewaySettings, GenerationRoutes, Submitter, endpoint, json_response
 
 HealthCheck = Callable[[], Awaitable[HealthReport]]
 FlushCache = Callable[[], Awaitable[dict]]
-OPEN_PATHS = frozenset({"/health", "/openapi.json"})
+Metrics = Callable[[], Awaitable[bytes]]
+OPEN_PATHS = frozenset({"/health", "/openapi.json", "/metrics"})
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class ApiKeyMiddleware:
@@ -43,8 +46,9 @@ class ApiKeyMiddleware:
 
 
 def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthCheck,
-               flush_cache: FlushCache | None = None) -> Starlette:
-    """The gateway's ASGI app; ``pipeline`` is usually a started :class:`Pipeline`."""
+               flush_cache: FlushCache | None = None, metrics: Metrics | None = None) -> Starlette:
+    """The gateway's ASGI app; ``pipeline`` is usually a started :class:`Pipeline`,
+    ``metrics`` renders the Prometheus page (``GET /metrics``; 404 without it)."""
     gen = GenerationRoutes(pipeline, settings)
     created = int(time.time())
     openapi = json_response(openapi_document()).body
@@ -73,6 +77,11 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
     async def get_openapi(_: Request) -> Response:
         return Response(openapi, media_type="application/json")
 
+    async def get_metrics(_: Request) -> Response:
+        if metrics is None:
+            raise ApiError(404, "metrics are not enabled on this gateway", code="not_found")
+        return Response(await metrics(), media_type=PROMETHEUS_TEXT)
+
     routes = [
         Route("/v1/chat/completions", endpoint(gen.chat_completions), methods=["POST"]),
         Route("/v1/completions", endpoint(gen.completions), methods=["POST"]),
@@ -82,8 +91,12 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
         Route("/health", endpoint(get_health), methods=["GET"]),
         Route("/flush_cache", endpoint(post_flush_cache), methods=["POST"]),
         Route("/openapi.json", get_openapi, methods=["GET"]),
+        Route("/metrics", endpoint(get_metrics), methods=["GET"]),
     ]
-    middleware = [Middleware(ApiKeyMiddleware, api_key=settings.api_key)] if settings.api_key else []
+    static = frozenset(r.path for r in routes if "{" not in r.path)
+    middleware = [Middleware(RequestContextMiddleware, routes=static)]
+    if settings.api_key:
+        middleware.append(Middleware(ApiKeyMiddleware, api_key=settings.api_key))
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={HTTPException: _http_error})
     app.state.pipeline = pipeline

@@ -29,12 +29,14 @@ class LoadView:
         else:
             self._reports.pop(report.worker_id, None)
 
+    def live(self) -> list[LoadReport]:
+        """The latest report of every worker heard from within ``liveness_s``."""
+        now = self.clock()
+        return [r for r, seen in self._reports.values() if now - seen <= self.liveness_s]
+
     def pick(self, model: str, exclude: list[str]) -> str | None:
         """Least-loaded live worker for ``model``, or None if none is known."""
-        now = self.clock()
-        live = [r for r, seen in self._reports.values()
-                if now - seen <= self.liveness_s and r.model == model
-                and r.worker_id not in exclude]
+        live = [r for r in self.live() if r.model == model and r.worker_id not in exclude]
         if not live:
             return None
         best = min(live, key=lambda r: (r.running + r.waiting, -r.free_slots))

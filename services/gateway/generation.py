@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -38,8 +39,14 @@ class Generation:
 
     def __init__(self, rid: str, worker_id: str, queue: asyncio.Queue[TextDelta],
                  prompt_tokens: int, span: Span, request_timeout: float,
-                 on_close: Callable[["Generation"], None]) -> None:
+                 on_close: Callable[["Generation"], None], *, started: float | None = None,
+                 stream_span: Span | None = None,
+                 on_first_token: Callable[["Generation"], None] | None = None) -> None:
         self.span = span
+        self.stream_span = stream_span  # the response stream: submit -> finish
+        self.started = time.perf_counter() if started is None else started
+        self.first_token_at: float | None = None
+        self._on_first_token = on_first_token
         self.request_timeout = request_timeout
         self._on_close = on_close
         self.rid = rid
@@ -102,8 +109,17 @@ class Generation:
                 self.retries += 1
                 await self._resubmit(self, self.worker_id)
                 continue
-            self._delivered = self._delivered or bool(delta.text or delta.token_ids)
+            if not self._delivered and (delta.text or delta.token_ids):
+                self._first_token()
             return delta
+
+    def _first_token(self) -> None:
+        self._delivered = True
+        self.first_token_at = time.perf_counter()
+        if self.stream_span is not None:
+            self.stream_span.add_event("first_token")
+        if self._on_first_token is not None:
+            self._on_first_token(self)
 
     def _retriable(self, exc: ServiceError) -> bool:
         return (exc.code in self.RETRIABLE and not self._delivered and self._resubmit is not None

@@ -16,14 +16,16 @@ Failures are raised as :class:`ServiceError` (typed, with an HTTP status).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, StatusCode
 
-from libs.protocol import Bus, ServiceError, Subjects
+from libs.protocol import Bus, ServiceError, Subjects, tracing
 from libs.protocol.messages import (
     AbortRequest, ChatMessage, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch,
     ReleaseRequest, RouteReply, RouteRequest, SamplingParams, SubmitReply, SubmitRequest,
@@ -32,6 +34,7 @@ from libs.protocol.messages import (
 
 from .fallback import LoadView
 from .generation import Completion, Generation
+from .metrics import RequestMetrics
 
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
 
@@ -78,8 +81,10 @@ class Pipeline:
     """Runs requests through the services; one instance per gateway process."""
 
     def __init__(self, bus: Bus, subjects: Subjects, instance: str, model: str,
-                 config: PipelineConfig = PipelineConfig()) -> None:
+                 config: PipelineConfig = PipelineConfig(),
+                 metrics: RequestMetrics | None = None) -> None:
         self.bus = bus
+        self.metrics = metrics
         self.subjects = subjects
         self.instance = instance
         self.model = model
@@ -130,19 +135,25 @@ class Pipeline:
         """
         if self._sub is None:
             raise RuntimeError("Pipeline.start() was not called: no output would arrive")
-        rid = uuid.uuid4().hex
-        # the request's root span: every bus message of this request carries it
-        span = _tracer.start_span("gateway.request", attributes={"radixmesh.rid": rid,
-                                                                 "radixmesh.model": self.model})
+        rid = tracing.request_id.get() or uuid.uuid4().hex  # the HTTP layer's id, if any
+        started = time.perf_counter()
+        # the request's span: every bus message of this request carries its trace
+        span = _tracer.start_span("gateway.request", attributes={
+            "radixmesh.rid": rid, "radixmesh.model": self.model, "radixmesh.tenant": _tenant(req)})
         try:
             with trace.use_span(span, end_on_exit=False):
                 queue, prompt_tokens, worker = await self._launch(rid, req, [])
         except BaseException as exc:
+            if self.metrics is not None and isinstance(exc, ServiceError):
+                self.metrics.failed(exc.code)
             _end_span(span, "failed", exc)
             raise
         span.set_attributes({"radixmesh.worker": worker, "radixmesh.prompt_tokens": prompt_tokens})
+        stream = _tracer.start_span("gateway.stream", context=trace.set_span_in_context(span))
         gen = Generation(rid, worker, queue, prompt_tokens, span,
-                         self.config.request_timeout, self._finish)
+                         self.config.request_timeout, self._finish, started=started,
+                         stream_span=stream,
+                         on_first_token=self.metrics.first_token if self.metrics else None)
         gen.enable_retry(req, self._resubmit)
         return gen
 
@@ -176,6 +187,7 @@ class Pipeline:
         with trace.use_span(gen.span, end_on_exit=False):
             queue, _, worker = await self._launch(rid, gen.request, [failed_worker])
         log.warning("request %s moved from %s to %s", gen.rid, failed_worker, worker)
+        gen.span.add_event("moved", {"radixmesh.from_worker": failed_worker, "radixmesh.worker": worker})
         gen.rebind(rid, worker, queue)
 
     def _encode_request(self, rid: str, req: GenerationRequest) -> EncodeRequest:
@@ -216,6 +228,8 @@ class Pipeline:
         try:
             reply = await self.bus.request(self.subjects.index_route(), route, RouteReply,
                                            self.config.route_timeout)
+            if self.metrics is not None:
+                self.metrics.routed(reply.policy, reply.worker_id)
             return reply.worker_id
         except ServiceError as exc:
             if exc.code not in ("service_unavailable", "timeout") or self.loads is None:
@@ -225,6 +239,8 @@ class Pipeline:
                 raise
             log.warning("cache index unavailable (%s): routed %s to least-loaded %s",
                         exc.message, rid, worker)
+            if self.metrics is not None:
+                self.metrics.routed("gateway_fallback", worker)
             return worker
 
     def _publish_later(self, subject: str, msg) -> None:
@@ -247,8 +263,25 @@ class Pipeline:
                                     AbortRequest(rid=gen.bus_rid))
             self._publish_later(self.subjects.index_release(),
                                 ReleaseRequest(rid=gen.bus_rid, worker_id=gen.worker_id))
-        gen.span.set_attribute("radixmesh.completion_tokens", gen.completion_tokens)
+        usage = gen.final_usage()
+        gen.span.set_attributes({
+            "radixmesh.prompt_tokens": usage.prompt_tokens,
+            "radixmesh.cached_tokens": usage.cached_tokens,
+            "radixmesh.completion_tokens": usage.completion_tokens,
+        })
+        if gen.stream_span is not None:
+            gen.stream_span.set_attribute("radixmesh.completion_tokens", usage.completion_tokens)
+            _end_span(gen.stream_span, gen.outcome, gen.error)
         _end_span(gen.span, gen.outcome, gen.error)
+        if self.metrics is not None:
+            self.metrics.finished(gen)
+
+
+def _tenant(req: GenerationRequest) -> str:
+    """The cache namespace as a short digest: traces name the tenant, never its salt."""
+    if not req.cache_salt:
+        return ""
+    return hashlib.blake2b(req.cache_salt.encode(), digest_size=6).hexdigest()
 
 
 def _end_span(span: Span, outcome: str, exc: BaseException | None) -> None:

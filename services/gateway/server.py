@@ -9,12 +9,15 @@ import socket
 from dataclasses import dataclass
 
 import uvicorn
+from prometheus_client import CollectorRegistry
 
+from libs.protocol import tracing
 from libs.protocol.service import ServiceContext
 
 from .app import create_app
 from .admin import CacheAdmin
 from .health import BusHealth
+from .metrics import ClusterView, MetricsPage, RequestMetrics
 from .pipeline import Pipeline, PipelineConfig
 from .routes import GatewaySettings
 
@@ -87,12 +90,17 @@ def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server
     """
 
     async def body(ctx: ServiceContext) -> None:
+        tracing.install_log_context()
+        registry = CollectorRegistry()
         pipeline = Pipeline(ctx.bus, ctx.subjects, ctx.config.instance,
-                            worker_model or settings.served_model_name, pipeline_cfg)
+                            worker_model or settings.served_model_name, pipeline_cfg,
+                            RequestMetrics(settings.served_model_name, registry))
         await pipeline.start()
         ctx.stack.push_async_callback(pipeline.stop)
+        cluster = ClusterView(ctx.bus, ctx.subjects, pipeline.loads, settings.served_model_name,
+                              registry, worker_model=pipeline.model)
         app = create_app(pipeline, settings, BusHealth(ctx.bus, ctx.subjects),
-                         CacheAdmin(ctx.bus, ctx.subjects).flush)
+                         CacheAdmin(ctx.bus, ctx.subjects).flush, MetricsPage(registry, cluster))
         url = await serve_http(ctx, app, server_cfg, ctx.config.log_level)
         ctx.detail.update(url=url, model=settings.served_model_name)
         log.info("gateway listening on %s (model %s)", url, settings.served_model_name)

@@ -11,6 +11,8 @@ import uuid
 import torch
 
 from libs.kernels import BackendNotAvailable
+from libs.protocol.metrics import add_metrics_args, serve_metrics
+from libs.protocol.tracing import install_log_context
 from libs.protocol.service import ServiceContext, add_common_args, common_config, run_service, setup_logging
 from libs.protocol.subjects import check_token
 from radixmesh.models import ModelNotFoundError, served_name
@@ -36,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-id", default=env("RADIXMESH_WORKER_ID") or f"worker-{uuid.uuid4().hex[:8]}")
     p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between WorkerInfo announcements")
     add_common_args(p, SERVICE)
+    add_metrics_args(p)
     return p.parse_args(argv)
 
 
@@ -43,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = common_config(args)
     setup_logging(SERVICE, config.log_level)
+    install_log_context()
+    serve_metrics(args.metrics_port, args.metrics_host)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     try:

@@ -7,6 +7,9 @@ import contextlib
 import logging
 import time
 
+from opentelemetry import trace
+from prometheus_client import Histogram
+
 from libs.protocol.bus import Bus
 from libs.protocol.messages import AdoptRequest, ForwardBatch, ForwardResult, LeaseRenew, WorkerInfo
 from libs.protocol.subjects import Subjects, check_token
@@ -15,6 +18,12 @@ from .adoption import Adoption
 from .model_runner import ModelRunner
 
 log = logging.getLogger("gpu_worker")
+_tracer = trace.get_tracer("radixmesh.gpu_worker")
+
+FORWARD_SECONDS = Histogram(
+    "radixmesh:forward_seconds", "Model step time on the worker, by step kind", ["kind"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
 
 
 class WorkerService:
@@ -95,8 +104,18 @@ class WorkerService:
     async def _on_forward(self, msg: ForwardBatch) -> ForwardResult:
         self.adoption.require_owner()
         start = time.perf_counter()
-        next_ids = await asyncio.to_thread(self.runner.execute, msg)
-        return ForwardResult(step=msg.step, next_token_ids=next_ids, forward_ms=(time.perf_counter() - start) * 1e3)
+        if trace.get_current_span().is_recording():  # a step that prefills a traced request
+            with _tracer.start_as_current_span("gpu_worker.forward", attributes={
+                "radixmesh.step": msg.step, "radixmesh.batch_size": len(msg.rows),
+                "radixmesh.tokens": len(msg.input_ids),
+            }):
+                next_ids = await asyncio.to_thread(self.runner.execute, msg)
+        else:
+            next_ids = await asyncio.to_thread(self.runner.execute, msg)
+        elapsed = time.perf_counter() - start
+        prefill = bool(msg.extend_lens) and max(msg.extend_lens) > 1
+        FORWARD_SECONDS.labels("prefill" if prefill else "decode").observe(elapsed)
+        return ForwardResult(step=msg.step, next_token_ids=next_ids, forward_ms=elapsed * 1e3)
 
     def _update_detail(self) -> None:
         self.detail.update(

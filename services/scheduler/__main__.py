@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import os
 
+from libs.protocol.metrics import add_metrics_args, serve_metrics
+from libs.protocol.tracing import install_log_context
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
 )
@@ -19,6 +21,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="services.scheduler", description=__doc__)
     add_common_args(p, "scheduler")
+    add_metrics_args(p)
     p.add_argument("--max-running-requests", type=int,
                    default=int(env("RADIXMESH_MAX_RUNNING_REQUESTS", "256")))
     p.add_argument("--max-queued-requests", type=int,
@@ -59,6 +62,8 @@ def build_config(args: argparse.Namespace) -> SchedulerConfig:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     setup_logging("scheduler", args.log_level)
+    install_log_context()
+    serve_metrics(args.metrics_port, args.metrics_host)
     config = build_config(args)
 
     async def body(ctx: ServiceContext) -> None:

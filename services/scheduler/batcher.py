@@ -12,6 +12,7 @@ retracted to the queue and later resume with the same output.
 from __future__ import annotations
 
 import secrets
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
@@ -126,6 +127,11 @@ class Batcher:
         self.batch_sizes[len(plan.items)] += 1
         return plan.to_batch(self.steps)
 
+    @property
+    def plan(self) -> Plan | None:
+        """The step in flight: built by next_batch, applied by complete."""
+        return self._plan
+
     def complete(self, result: ForwardResult) -> None:
         """Apply the sampled tokens of the batch built by the last next_batch."""
         plan, self._plan = self._plan, None
@@ -165,7 +171,8 @@ class Batcher:
             return None
         events, self._events = self._events, []
         batch = KVEventBatch(worker_id=self.info.worker_id, epoch=self.epoch,
-                             seq=self._event_seq, page_size=self.config.page_size, events=events)
+                             seq=self._event_seq, page_size=self.config.page_size, events=events,
+                             ts=time.time())
         self._event_seq += len(events)
         return batch
 

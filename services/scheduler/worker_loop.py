@@ -7,11 +7,14 @@ import logging
 import time
 from collections import defaultdict
 
+from opentelemetry import context as otel_context
+
 from libs.protocol import Bus, ServiceError, Subjects
 from libs.protocol.messages import DetokBatch, ErrorInfo, ForwardResult
 
 from .batcher import Batcher
 from .request import Req
+from .tracing import StepTracer
 
 log = logging.getLogger("scheduler.loop")
 
@@ -30,6 +33,7 @@ class WorkerLoop:
         self.batcher = batcher
         self.worker_id = batcher.info.worker_id
         self.forward_timeout = forward_timeout
+        self.tracer = StepTracer(self.worker_id)
         self._wake = asyncio.Event()
         self._stopped = False
         # worker idle fraction: time between consecutive sends vs time computing
@@ -47,6 +51,7 @@ class WorkerLoop:
 
     def submit(self, req: Req) -> int:
         position = self.batcher.submit(req)
+        self.tracer.submitted(req)
         self._wake.set()
         return position
 
@@ -61,6 +66,8 @@ class WorkerLoop:
     async def run(self) -> None:
         """Step until stopped; raises WorkerLost after failing every request."""
         forward = self.subjects.worker_forward(self.worker_id)
+        # NOTE: steps belong to no trace unless one prefills a traced request
+        otel_context.attach(otel_context.Context())
         while not self._stopped:
             if not self.batcher.has_work():
                 await self.flush()
@@ -73,9 +80,14 @@ class WorkerLoop:
                 await self.flush()
                 await asyncio.sleep(0.005)
                 continue
+            plan = self.batcher.plan
+            parent = self.tracer.step_started(plan, batch.step)
             self._account_send()
+            token = otel_context.attach(parent) if parent is not None else None
             step = asyncio.ensure_future(
                 self.bus.request(forward, batch, ForwardResult, timeout=self.forward_timeout))
+            if token is not None:
+                otel_context.detach(token)
             # NOTE: the previous step's deltas and KV events go out while this one runs.
             await self.flush()
             try:
@@ -83,6 +95,7 @@ class WorkerLoop:
                 self._last_forward_s = result.forward_ms / 1e3
                 self._measure(batch.extend_lens, self._last_forward_s)
                 self.batcher.complete(result)
+                self.tracer.step_done(plan.items)
             except ServiceError as exc:
                 log.error("worker %s failed step %d: %s", self.worker_id, batch.step, exc)
                 self.fail_all(ErrorInfo(
@@ -120,6 +133,7 @@ class WorkerLoop:
         deltas = self.batcher.take_deltas()
         if not deltas:
             return
+        self.tracer.finished(deltas)
         groups: dict[str, list] = defaultdict(list)
         for instance, delta in deltas:
             groups[instance].append(delta)

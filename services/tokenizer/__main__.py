@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import os
 
+from libs.protocol.metrics import add_metrics_args, serve_metrics
+from libs.protocol.tracing import install_log_context
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
 )
@@ -19,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="services.tokenizer", description=__doc__)
     add_common_args(p, "tokenizer")
+    add_metrics_args(p)
     p.add_argument("--model", default=env("RADIXMESH_MODEL", "default"),
                    help='"default" or a local HF model directory')
     p.add_argument("--max-model-len", type=int, default=None,
@@ -29,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="threads that run encoding (each holds its own tokenizer copy)")
     args = p.parse_args(argv)
     setup_logging("tokenizer", args.log_level)
+    install_log_context()
+    serve_metrics(args.metrics_port, args.metrics_host)
 
     async def body(ctx: ServiceContext) -> None:
         encoder = Encoder.load(resolve_model(args.model), args.max_model_len)

@@ -15,6 +15,9 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
 from libs.protocol.messages import (
     AbortRequest, DetokBatch, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch,
 )
@@ -26,6 +29,7 @@ from .encoder import Encoded, Encoder
 from .streams import Streams
 
 log = logging.getLogger("radixmesh.tokenizer")
+_tracer = trace.get_tracer("radixmesh.tokenizer")
 
 
 class EncodePool:
@@ -81,9 +85,16 @@ class TokenizerService:
         self._report()
 
     async def _on_encode(self, req: EncodeRequest) -> EncodeReply:
-        enc = await self.pool.encode(req)
+        with _tracer.start_as_current_span("tokenizer.encode") as span:
+            enc = await self.pool.encode(req)
+            if span.is_recording():
+                span.set_attributes({"radixmesh.rid": req.rid, "radixmesh.chat": req.messages is not None,
+                                     "radixmesh.prompt_tokens": len(enc.input_ids)})
+        # the request's detokenize span (tokenizer.detokenize) will be a child of this context
+        traced = trace.get_current_span().is_recording()
         self.streams.open(
-            req.rid, req.gateway, len(enc.input_ids), req.stop, req.skip_special_tokens
+            req.rid, req.gateway, len(enc.input_ids), req.stop, req.skip_special_tokens,
+            trace_ctx=otel_context.get_current() if traced else None,
         )
         self._report()
         return EncodeReply(

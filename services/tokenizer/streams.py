@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
+
+from opentelemetry import trace
 
 from libs.protocol.messages import DetokBatch, ErrorInfo, TextDelta, TokenDelta, Usage
 
 from .detok import DecodeState, Detokenizer, StepResult
+
+_tracer = trace.get_tracer("radixmesh.tokenizer")
 
 
 @dataclass(eq=False)
@@ -23,6 +27,8 @@ class Stream:
     decode: DecodeState
     last_seen: float
     cached_tokens: int = 0
+    trace_ctx: Any = None  # the request's trace context; None: not traced
+    first_ns: int = 0  # wall time of its first token delta (traced streams only)
 
 
 @dataclass
@@ -53,11 +59,13 @@ class Streams:
 
     def open(
         self, rid: str, gateway: str, prompt_tokens: int,
-        stop: list[str], skip_special_tokens: bool,
+        stop: list[str], skip_special_tokens: bool, trace_ctx: Any = None,
     ) -> None:
-        """Start (or restart, for a retried encode) the stream of ``rid``."""
+        """Start (or restart, for a retried encode) the stream of ``rid``; with
+        ``trace_ctx`` its detokenization ends in one ``tokenizer.detokenize`` span."""
         state = DecodeState(skip_special_tokens=skip_special_tokens, stop=tuple(stop))
-        self._streams[rid] = Stream(rid, gateway, prompt_tokens, state, self._clock())
+        self._streams[rid] = Stream(rid, gateway, prompt_tokens, state, self._clock(),
+                                    trace_ctx=trace_ctx)
 
     def release(self, rids: list[str]) -> int:
         """Drop streams; returns how many existed."""
@@ -82,6 +90,8 @@ class Streams:
         out = StepOutput()
         for (stream, item), res in zip(pairs, results):
             stream.last_seen = now
+            if stream.trace_ctx is not None and not stream.first_ns:
+                stream.first_ns = time.time_ns()
             stream.cached_tokens = max(stream.cached_tokens, item.cached_tokens)
             delta = self._delta(stream, item, res)
             if delta is None:
@@ -91,6 +101,8 @@ class Streams:
                 del self._streams[stream.rid]
                 if item.finish_reason is None:
                     out.aborts[stream.rid] = delta.finish_reason
+                if stream.trace_ctx is not None:
+                    _detok_span(stream, delta.finish_reason)
         return out
 
     def _delta(self, stream: Stream, item: TokenDelta, res: StepResult) -> TextDelta | None:
@@ -112,3 +124,12 @@ class Streams:
             rid=stream.rid, text=res.text, token_ids=item.token_ids,
             finish_reason=finish, error=error, usage=usage,
         )
+
+
+def _detok_span(stream: Stream, finish_reason: str) -> None:
+    """One span per request: first token delta -> finish (never a span per step)."""
+    _tracer.start_span("tokenizer.detokenize", context=stream.trace_ctx, start_time=stream.first_ns,
+                       attributes={"radixmesh.rid": stream.rid,
+                                   "radixmesh.completion_tokens": stream.decode.num_tokens,
+                                   "radixmesh.finish_reason": finish_reason,
+                                   "radixmesh.stop_string": stream.decode.stopped}).end()

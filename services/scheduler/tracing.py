@@ -1,0 +1,160 @@
+"""Spans of the requests one scheduler loop runs: queue wait, prefill chunks, decode.
+
+A request submitted inside a sampled trace gets a :class:`RequestTrace`; its spans
+are children of the submit's CONSUMER span, whichever step they happen in::
+
+    scheduler.request     submit -> finish (prompt / cached / completion tokens)
+      scheduler.queue     enqueue -> admission (again after a retraction)
+      scheduler.prefill   one per chunk: step sent -> its result
+      scheduler.decode    first token -> finish; an event every TOKEN_EVENT_EVERY tokens
+
+A step that prefills a traced request sends its ForwardBatch in that chunk's
+context, so the worker's spans join the request's trace; decode-only steps are
+not traced (never a span per token). Retraction is an event on the request span
+that closes the running phase and opens a new queue span.
+
+NOTE: untraced requests cost nothing here (one dict check per step while no
+request is traced); a traced one costs O(1) per step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
+
+from libs.protocol.messages import ErrorInfo, TokenDelta
+
+from .request import Req
+
+if TYPE_CHECKING:
+    from .planner import Plan
+
+TOKEN_EVENT_EVERY = 16
+
+_tracer = trace.get_tracer("radixmesh.scheduler")
+
+
+class RequestTrace:
+    """The open spans of one traced request."""
+
+    __slots__ = ("root", "ctx", "queue", "chunk", "decode", "marked", "resumed")
+
+    def __init__(self, req: Req, parent: Context, worker_id: str) -> None:
+        self.root = _tracer.start_span("scheduler.request", context=parent, attributes={
+            "radixmesh.rid": req.rid, "radixmesh.worker": worker_id,
+            "radixmesh.prompt_tokens": req.prompt_len,
+            "radixmesh.max_new_tokens": req.sampling.max_new_tokens,
+        })
+        self.ctx = trace.set_span_in_context(self.root)
+        self.queue: Span | None = self._start("scheduler.queue")
+        self.chunk: Span | None = None
+        self.decode: Span | None = None
+        self.marked = 0  # completion tokens at the last decode event
+        self.resumed = False
+
+    def _start(self, name: str, attributes: dict | None = None) -> Span:
+        return _tracer.start_span(name, context=self.ctx, attributes=attributes)
+
+    def admitted(self, req: Req) -> None:
+        self.queue.set_attribute("radixmesh.cached_tokens", req.kv_len)
+        self.queue.end()
+        self.queue = None
+
+    def prefill(self, req: Req, tokens: int, step: int) -> Span:
+        self.chunk = self._start("scheduler.prefill", {
+            "radixmesh.step": step, "radixmesh.chunk_start": req.kv_len, "radixmesh.chunk_tokens": tokens,
+        })
+        return self.chunk
+
+    def step_done(self, req: Req) -> None:
+        if self.chunk is not None:
+            self.chunk.end()
+            self.chunk = None
+        n = len(req.output_ids)
+        if not n:
+            return
+        if self.decode is None:
+            self.decode = self._start("scheduler.decode")
+            self.decode.add_event("resumed" if self.resumed else "first_token",
+                                  {"radixmesh.completion_tokens": n})
+            self.marked = n
+        elif n - self.marked >= TOKEN_EVENT_EVERY:
+            self.decode.add_event("tokens", {"radixmesh.completion_tokens": n})
+            self.marked = n
+
+    def retracted(self, req: Req) -> None:
+        self.root.add_event("retracted", {"radixmesh.completion_tokens": len(req.output_ids)})
+        for span in (self.chunk, self.decode):
+            if span is not None:
+                span.set_attribute("radixmesh.retracted", True)
+                span.end()
+        self.chunk = self.decode = None
+        self.resumed = True
+        self.queue = self._start("scheduler.queue", {"radixmesh.resumed": True})
+
+    def finish(self, reason: str, completion: int, cached: int, error: ErrorInfo | None) -> None:
+        for span in (self.queue, self.chunk, self.decode):
+            if span is not None:
+                span.end()
+        self.root.set_attributes({"radixmesh.finish_reason": reason,
+                                  "radixmesh.completion_tokens": completion,
+                                  "radixmesh.cached_tokens": cached})
+        if error is not None:
+            self.root.set_status(trace.StatusCode.ERROR, f"{error.code}: {error.message}")
+        self.root.end()
+
+
+class StepTracer:
+    """Traces of one worker loop's requests, fed by the loop at submit and each step."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.traces: dict[str, RequestTrace] = {}
+
+    def submitted(self, req: Req) -> None:
+        """Call inside the submit handler: a sampled trace there makes ``req`` traced."""
+        if trace.get_current_span().is_recording():
+            self.traces[req.rid] = RequestTrace(req, otel_context.get_current(), self.worker_id)
+
+    def step_started(self, plan: "Plan", step: int) -> Context | None:
+        """Admissions, retractions and prefill chunks of the step about to be sent;
+        returns the context to send it in (a traced chunk's), or None."""
+        if not self.traces:
+            return None
+        for req in plan.retracted:
+            if (t := self.traces.get(req.rid)) is not None:
+                t.retracted(req)
+        parent = None
+        for req, n in plan.items:
+            if (t := self.traces.get(req.rid)) is None:
+                continue
+            if t.queue is not None:
+                t.admitted(req)
+            if not req.decoding:
+                chunk = t.prefill(req, n, step)
+                parent = parent or trace.set_span_in_context(chunk)
+        return parent
+
+    def step_done(self, items: list[tuple[Req, int]]) -> None:
+        """After the batcher applied a step's result."""
+        if not self.traces:
+            return
+        for req, _ in items:
+            if (t := self.traces.get(req.rid)) is None:
+                continue
+            t.step_done(req)
+            if req.finish_reason is not None:
+                del self.traces[req.rid]
+                t.finish(req.finish_reason, len(req.output_ids), req.cached_tokens, req.error)
+
+    def finished(self, deltas: list[tuple[str, TokenDelta]]) -> None:
+        """Requests that ended outside a step (abort, failure): from their last delta."""
+        if not self.traces:
+            return
+        for _, d in deltas:
+            if d.finish_reason is not None and (t := self.traces.pop(d.rid, None)) is not None:
+                t.finish(d.finish_reason, d.completion_tokens, d.cached_tokens, d.error)

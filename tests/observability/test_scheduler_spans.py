@@ -1,0 +1,119 @@
+"""The scheduler's request spans, driven by the real Batcher (no bus, no worker)."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from libs.protocol.messages import ForwardResult, SamplingParams, WorkerInfo
+from services.scheduler import tracing as sched_tracing
+from services.scheduler.batcher import Batcher, BatcherConfig
+from services.scheduler.request import Req
+from services.scheduler.tracing import TOKEN_EVENT_EVERY, StepTracer
+
+INFO = WorkerInfo(worker_id="w", model="m", kv_slots=4096, max_requests=8, max_model_len=2048,
+                  vocab_size=1000, eos_token_ids=[0], dtype="float32")
+
+
+@pytest.fixture
+def exporter(monkeypatch):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(sched_tracing, "_tracer", provider.get_tracer("scheduler"))
+    exporter.tracer = provider.get_tracer("test")
+    return exporter
+
+
+def request(i: int, new_tokens: int = 40) -> Req:
+    return Req(rid=f"r{i}", input_ids=[i + 1] * 40, detok_instance="t",
+               sampling=SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+
+
+def run(batcher: Batcher, tracer: StepTracer) -> list:
+    """Step until done; returns the context step_started gave for each step."""
+    contexts = []
+    while batcher.has_work():
+        batch = batcher.next_batch()
+        plan = batcher.plan
+        contexts.append(tracer.step_started(plan, batch.step))
+        batcher.complete(ForwardResult(step=batch.step, next_token_ids=[5] * len(plan.items),
+                                       forward_ms=0))
+        tracer.step_done(plan.items)
+        tracer.finished(batcher.take_deltas())
+    return contexts
+
+
+def test_queue_prefill_decode_and_retraction_spans(exporter):
+    batcher = Batcher(INFO, BatcherConfig(chunked_prefill_size=16, retract_interval=7))
+    tracer = StepTracer("w")
+    with exporter.tracer.start_as_current_span("submit") as submit:
+        for i in range(2):
+            batcher.submit(req := request(i))
+            tracer.submitted(req)
+    batcher.submit(untraced := request(2))
+    tracer.submitted(untraced)  # outside any trace: costs nothing, no spans
+    assert set(tracer.traces) == {"r0", "r1"}
+    contexts = run(batcher, tracer)
+    assert not tracer.traces
+
+    spans = exporter.get_finished_spans()
+    roots = {s.attributes["radixmesh.rid"]: s for s in spans if s.name == "scheduler.request"}
+    assert set(roots) == {"r0", "r1"}
+    retractions = 0
+    for rid, root in roots.items():
+        assert root.parent.span_id == submit.get_span_context().span_id
+        assert root.attributes["radixmesh.finish_reason"] == "length"
+        assert root.attributes["radixmesh.completion_tokens"] == 40
+        children = [s for s in spans if s.parent is not None
+                    and s.parent.span_id == root.context.span_id]
+        kinds = [s.name for s in children]
+        retracted = sum(e.name == "retracted" for e in root.events)
+        retractions += retracted
+        assert kinds.count("scheduler.queue") == 1 + retracted
+        assert kinds.count("scheduler.decode") == 1 + retracted
+        assert kinds.count("scheduler.prefill") >= 3  # 40 tokens in 16-token chunks (a resume
+        # finds prompt + output in the cache: it goes straight back to decoding)
+        decodes = sorted((s for s in children if s.name == "scheduler.decode"), key=lambda s: s.start_time)
+        assert decodes[0].events[0].name == "first_token"
+        assert all(d.events[0].name == "resumed" for d in decodes[1:])
+        counts = [e.attributes["radixmesh.completion_tokens"] for d in decodes for e in d.events]
+        assert counts == sorted(counts) and counts[-1] >= 40 - TOKEN_EVENT_EVERY
+        assert all(s.end_time >= s.start_time for s in children)
+    assert retractions >= 1
+    # a step that prefills a traced request is sent in that chunk's context
+    chunk_steps = {s.attributes["radixmesh.step"] for s in spans if s.name == "scheduler.prefill"}
+    sent_in = {trace.get_current_span(c).attributes["radixmesh.step"] for c in contexts if c is not None}
+    assert sent_in == chunk_steps
+
+
+def test_untraced_requests_cost_no_spans(exporter):
+    batcher = Batcher(INFO, BatcherConfig())
+    tracer = StepTracer("w")
+    for i in range(3):
+        batcher.submit(req := request(i, 4))
+        tracer.submitted(req)
+    assert all(c is None for c in run(batcher, tracer))
+    assert exporter.get_finished_spans() == ()
+
+
+def test_abort_while_queued_ends_the_spans(exporter):
+    batcher = Batcher(INFO, BatcherConfig(max_running_requests=1))
+    tracer = StepTracer("w")
+    with exporter.tracer.start_as_current_span("submit"):
+        for i in range(2):
+            batcher.submit(req := request(i, 4))
+            tracer.submitted(req)
+    batch = batcher.next_batch()
+    tracer.step_started(batcher.plan, batch.step)
+    batcher.abort("r1")  # still queued behind r0
+    tracer.finished(batcher.take_deltas())
+    (root,) = [s for s in exporter.get_finished_spans() if s.name == "scheduler.request"]
+    assert root.attributes["radixmesh.rid"] == "r1"
+    assert root.attributes["radixmesh.finish_reason"] == "abort"
+    queues = [s for s in exporter.get_finished_spans() if s.name == "scheduler.queue"]
+    assert sum(q.parent.span_id == root.context.span_id for q in queues) == 1  # ended by the abort
+    assert set(tracer.traces) == {"r0"}
