@@ -112,34 +112,39 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    results: dict[int, dict[str, float]] = {b: {} for b in args.batches}
-
-    runner = ModelRunner(RunnerConfig(kv_slots=16384))
-    for b in args.batches:
-        results[b]["a"] = bench_in_process(runner, make_prompts(b, args.context), args.steps)
-    del runner
+    samples: dict[int, dict[str, list[float]]] = {b: {"a": [], "b": [], "c": []} for b in args.batches}
 
     from transformers import AutoModelForCausalLM
-    hf = AutoModelForCausalLM.from_pretrained(resolve_model("default"), dtype=torch.float32).eval()
-    for b in args.batches:
-        results[b]["c"] = bench_hf(hf, make_prompts(b, args.context), args.steps)
-    del hf
 
+    runner = ModelRunner(RunnerConfig(kv_slots=16384))
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model("default"), dtype=torch.float32).eval()
     with tempfile.TemporaryDirectory() as logs:
         config = ephemeral_stack_config(Path(logs), threads_per_worker=args.threads)
         with LocalStack(config, progress=lambda m: None) as stack:
             asyncio.run(bench_stack(stack.url, make_prompts(1, 16, seed=99), 4))  # warm-up
-            for b in args.batches:
-                results[b]["b"] = asyncio.run(bench_stack(stack.url, make_prompts(b, args.context),
-                                                          args.steps))
+            # NOTE: the three systems take turns, round after round, so a slow spell
+            # of this noisy machine hits all of them instead of one.
+            for _ in range(args.rounds):
+                for b in args.batches:
+                    prompts = make_prompts(b, args.context)
+                    samples[b]["a"].append(bench_in_process(runner, prompts, args.steps))
+                    samples[b]["b"].append(asyncio.run(bench_stack(stack.url, prompts, args.steps)))
+                    samples[b]["c"].append(bench_hf(hf, prompts, args.steps))
+    results = {b: {k: _median(v) for k, v in r.items()} for b, r in samples.items()}
     print_table(results, args)
+
+
+def _median(values: list[float]) -> float:
+    finite = sorted(v for v in values if v == v)
+    return finite[len(finite) // 2] if finite else float("nan")
 
 
 def print_table(results: dict[int, dict[str, float]], args: argparse.Namespace) -> None:
     print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} decode steps, "
-          f"fp32, {args.threads} threads")
+          f"fp32, {args.threads} threads, median of {args.rounds} interleaved rounds")
     print("| batch | (a) in-process runner | (b) full stack over NATS | (c) HF generate "
           "| b/a | b/c |")
     print("|---|---|---|---|---|---|")
