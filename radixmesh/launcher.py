@@ -103,7 +103,7 @@ class LocalStack:
         self._spawn("tokenizer", ["--model", model])
         self._spawn("scheduler", [])
         for i in range(cfg.workers):
-            self._spawn(f"gpu_worker", [
+            self._spawn("gpu_worker", [
                 "--model", model, "--dtype", cfg.dtype, "--kv-slots", str(cfg.kv_slots),
                 "--threads", str(threads), "--worker-id", f"w{i}-{uuid.uuid4().hex[:6]}",
             ], log_name=f"gpu_worker-{i}")

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     print(f"decode attention ms/step, batch {args.batch}, {args.layers} layers, {args.heads}/{args.kv_heads} heads, "
           f"D={args.head_dim}, {args.dtype}, {args.threads} thread(s)")
-    print(f"| context | contiguous | paged P=1 | paged P=16 | P=1 / contiguous | P=16 / contiguous |")
+    print("| context | contiguous | paged P=1 | paged P=16 | P=1 / contiguous | P=16 / contiguous |")
     print("|---:|---:|---:|---:|---:|---:|")
     for context in args.contexts:
         r = bench_context(args, context)

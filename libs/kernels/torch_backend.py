@@ -60,7 +60,7 @@ class TorchAttentionBackend(AttentionBackend):
         ]
 
     def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray, starts: np.ndarray) -> _DecodePlan:
-        device, heads, dim = self.kv.device, self.kv.num_kv_heads, self.kv.head_dim
+        device, heads = self.kv.device, self.kv.num_kv_heads
         every = len(idx) == len(meta.extend_lens)
         tokens = None if every else torch.from_numpy(starts[idx]).to(device)
         rows = meta.rows if every else meta.rows[torch.from_numpy(idx).to(device)]

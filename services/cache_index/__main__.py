@@ -6,7 +6,6 @@ import argparse
 import asyncio
 
 from libs.protocol.metrics import add_metrics_args, serve_metrics
-from libs.protocol.tracing import install_log_context
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
 )
@@ -25,7 +24,6 @@ def main(argv: list[str] | None = None) -> None:
                    help="a worker without a load report for this long leaves the routing set")
     args = p.parse_args(argv)
     setup_logging("cache_index", args.log_level)
-    install_log_context()
     serve_metrics(args.metrics_port, args.metrics_host)
 
     async def body(ctx: ServiceContext) -> None:

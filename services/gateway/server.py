@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from libs.protocol import tracing
 from libs.protocol.service import ServiceContext
 
 from .app import create_app
@@ -90,7 +89,6 @@ def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server
     """
 
     async def body(ctx: ServiceContext) -> None:
-        tracing.install_log_context()
         registry = CollectorRegistry()
         pipeline = Pipeline(ctx.bus, ctx.subjects, ctx.config.instance,
                             worker_model or settings.served_model_name, pipeline_cfg,

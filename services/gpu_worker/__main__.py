@@ -12,7 +12,6 @@ import torch
 
 from libs.kernels import BackendNotAvailable
 from libs.protocol.metrics import add_metrics_args, serve_metrics
-from libs.protocol.tracing import install_log_context
 from libs.protocol.service import ServiceContext, add_common_args, common_config, run_service, setup_logging
 from libs.protocol.subjects import check_token
 from radixmesh.models import ModelNotFoundError, served_name
@@ -46,7 +45,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = common_config(args)
     setup_logging(SERVICE, config.log_level)
-    install_log_context()
     serve_metrics(args.metrics_port, args.metrics_host)
     if args.threads > 0:
         torch.set_num_threads(args.threads)

@@ -7,7 +7,6 @@ import asyncio
 import os
 
 from libs.protocol.metrics import add_metrics_args, serve_metrics
-from libs.protocol.tracing import install_log_context
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
 )
@@ -62,7 +61,6 @@ def build_config(args: argparse.Namespace) -> SchedulerConfig:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     setup_logging("scheduler", args.log_level)
-    install_log_context()
     serve_metrics(args.metrics_port, args.metrics_host)
     config = build_config(args)
 

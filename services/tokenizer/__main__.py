@@ -7,7 +7,6 @@ import asyncio
 import os
 
 from libs.protocol.metrics import add_metrics_args, serve_metrics
-from libs.protocol.tracing import install_log_context
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
 )
@@ -32,7 +31,6 @@ def main(argv: list[str] | None = None) -> None:
                    help="threads that run encoding (each holds its own tokenizer copy)")
     args = p.parse_args(argv)
     setup_logging("tokenizer", args.log_level)
-    install_log_context()
     serve_metrics(args.metrics_port, args.metrics_host)
 
     async def body(ctx: ServiceContext) -> None:
