@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .allocator import OutOfSlots, SlotAllocator  # noqa: F401 - re-exported
+from .allocator import OutOfSlots, SlotAllocator
 from .radix_cache import EventSink, RadixCache
 from .request import Req
 
@@ -18,10 +18,6 @@ class KVCache:
                  policy: str = "lru", on_event: EventSink | None = None) -> None:
         self.allocator = SlotAllocator(num_slots)
         self.tree = RadixCache(page_size, policy, on_event) if enabled else None
-
-    @property
-    def num_slots(self) -> int:
-        return self.allocator.num_slots
 
     @property
     def free(self) -> int:

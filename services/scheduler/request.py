@@ -15,7 +15,6 @@ it again (mostly from the cache) and continues with the same output.
 from __future__ import annotations
 
 import secrets
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,8 +43,6 @@ class Req:
     error: ErrorInfo | None = None
     aborted: bool = False
     retractions: int = 0
-    t_enqueue: float = field(default_factory=time.monotonic)
-    t_admit: float = 0.0
 
     def __post_init__(self) -> None:
         if self.sampling.seed is not None:
