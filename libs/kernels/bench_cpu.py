@@ -3,8 +3,10 @@
     python -m libs.kernels.bench_cpu [--batch 32] [--contexts 512 2048] [--threads 1]
 
 Times one decode step of the torch backend (every layer: store the new K/V,
-gather, attend) for page sizes 1 and 16, against the same attention math on
-contiguous [B, kv_heads, L, D] caches (no gather). Model shape defaults to
+gather, attend) and of the cpu backend (C++, reads the pool in place) for page
+sizes 1 and 16, against the same attention math on contiguous
+[B, kv_heads, L, D] caches (no gather). Variants are timed round-robin, so
+machine noise falls on all of them alike. Model shape defaults to
 SmolLM2-135M (9 heads, 3 KV heads, head dim 64, 30 layers). Each timed layer
 has its own pool so nothing stays in cache between layers; the step time is
 the per-layer median times ``--layers``.
@@ -20,7 +22,7 @@ import torch
 
 from .kv_pool import KVPool
 from .synthetic import synthetic_step
-from .torch_backend import TorchAttentionBackend
+from .registry import available_backends, get_backend
 
 DISTINCT_LAYERS = 4  # pools kept in memory; enough to defeat the caches
 
@@ -33,18 +35,32 @@ def contiguous_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return torch.matmul(probs, values).view(b, -1, dim)
 
 
-def _median_ms(fn, layers: int, repeats: int) -> float:
-    fn(0)
-    times = []
-    for r in range(repeats):
+def _interleaved_ms(fns: dict[str, object], layers: int, repeats: int) -> dict[str, float]:
+    """Median ms per layer of each fn, timed round-robin so machine noise hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for name, fn in fns.items():
+        fn(0)  # warm-up
+    for _ in range(repeats):
         for layer in range(layers):
-            t0 = time.perf_counter()
-            fn(layer)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn(layer)
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
-def bench_context(args, context: int) -> dict[str, float]:
+def _paged(args, q, k_new, v_new, context: int, page: int, backend_name: str):
+    b, kvh, dim = args.batch, args.kv_heads, args.head_dim
+    pool = KVPool(DISTINCT_LAYERS, 2 * b * (context + page), kvh, dim, getattr(torch, args.dtype))
+    for t in pool.k + pool.v:
+        t.normal_()
+    step = synthetic_step([context - 1] * b, [1] * b, num_slots=pool.num_slots, page_size=page)
+    backend = get_backend(backend_name, pool, dim**-0.5)
+    backend.prepare(step.meta)  # once per step, as in the worker
+    return lambda layer: backend.forward(layer, q, k_new, v_new)
+
+
+def bench_context(args, context: int, backends: list[str]) -> dict[str, float]:
     b, kvh, dim, heads = args.batch, args.kv_heads, args.head_dim, args.heads
     dtype = getattr(torch, args.dtype)
     scale = dim**-0.5
@@ -54,17 +70,11 @@ def bench_context(args, context: int) -> dict[str, float]:
         (torch.randn(b, kvh, context, dim, dtype=dtype), torch.randn(b, kvh, context, dim, dtype=dtype))
         for _ in range(DISTINCT_LAYERS)
     ]
-    row = {"contiguous": _median_ms(lambda i: contiguous_decode(q, *caches[i], scale), DISTINCT_LAYERS, args.repeats)}
-    del caches
-    for page in (1, 16):
-        pool = KVPool(DISTINCT_LAYERS, 2 * b * (context + page), kvh, dim, dtype)
-        for t in pool.k + pool.v:
-            t.normal_()
-        step = synthetic_step([context - 1] * b, [1] * b, num_slots=pool.num_slots, page_size=page)
-        backend = TorchAttentionBackend(pool, scale)
-        backend.prepare(step.meta)
-        step_fn = lambda i: backend.forward(i, q, k_new, v_new)  # noqa: E731
-        row[f"paged P={page}"] = _median_ms(step_fn, DISTINCT_LAYERS, args.repeats)
+    fns = {"contiguous": lambda i: contiguous_decode(q, *caches[i], scale)}
+    for name in backends:
+        for page in (1, 16):
+            fns[f"{name} P={page}"] = _paged(args, q, k_new, v_new, context, page, name)
+    row = _interleaved_ms(fns, DISTINCT_LAYERS, args.repeats)
     return {name: ms * args.layers for name, ms in row.items()}
 
 
@@ -83,14 +93,17 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     print(f"decode attention ms/step, batch {args.batch}, {args.layers} layers, {args.heads}/{args.kv_heads} heads, "
           f"D={args.head_dim}, {args.dtype}, {args.threads} thread(s)")
-    print("| context | contiguous | paged P=1 | paged P=16 | P=1 / contiguous | P=16 / contiguous |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    backends = [name for name in ("torch", "cpu") if name in available_backends("cpu")]
+    columns = [f"{name} P={page}" for name in backends for page in (1, 16)]
+    print("| context | contiguous | " + " | ".join(columns) + " | "
+          + " | ".join(f"{c} / contiguous" for c in columns) + " |")
+    print("|---:" * (2 + 2 * len(columns)) + "|")
     for context in args.contexts:
-        r = bench_context(args, context)
+        r = bench_context(args, context, backends)
         c = r["contiguous"]
-        print(f"| {context} | {c:.1f} | {r['paged P=1']:.1f} | {r['paged P=16']:.1f} "
-              f"| {r['paged P=1'] / c:.2f}x | {r['paged P=16'] / c:.2f}x |", flush=True)
-
+        times = " | ".join(f"{r[col]:.1f}" for col in columns)
+        ratios = " | ".join(f"{r[col] / c:.2f}x" for col in columns)
+        print(f"| {context} | {c:.1f} | {times} | {ratios} |", flush=True)
 
 if __name__ == "__main__":
     main()

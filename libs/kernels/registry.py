@@ -13,6 +13,7 @@ from .kv_pool import KVPool
 # name -> "module:class"; each module raises BackendNotAvailable when its runtime is missing
 _BACKENDS: dict[str, str] = {
     "torch": "libs.kernels.torch_backend:TorchAttentionBackend",
+    "cpu": "libs.kernels.cpu_backend:CpuAttentionBackend",
     "triton": "libs.kernels.triton_backend:TritonAttentionBackend",
     "flashinfer": "libs.kernels.flashinfer_backend:FlashInferAttentionBackend",
 }

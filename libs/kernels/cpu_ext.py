@@ -1,0 +1,56 @@
+"""Build (once, cached) and load the C++ CPU kernels in ``csrc/``.
+
+The first use compiles ``paged_decode.cpp`` with the machine's C++ compiler
+through ``torch.utils.cpp_extension`` (about a minute on 2 cores); later
+processes load the cached build from ``$RADIXMESH_EXT_DIR`` (default
+``~/.cache/radixmesh/torch_extensions``). Without a compiler the ``cpu``
+backend is simply unavailable and the worker falls back to ``torch``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+
+from .errors import BackendNotAvailable
+
+log = logging.getLogger("radixmesh.kernels")
+SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
+# fast-math minus its finite-math part: lets the float reductions vectorise
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+         "-fassociative-math", "-fno-signed-zeros", "-freciprocal-math"]
+
+
+def build_dir() -> Path:
+    default = Path.home() / ".cache" / "radixmesh" / "torch_extensions"
+    path = Path(os.environ.get("RADIXMESH_EXT_DIR", default))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load() -> ModuleType:
+    """The compiled module (``paged_decode``); raises BackendNotAvailable if it cannot build."""
+    if os.environ.get("RADIXMESH_NO_CPU_EXT"):
+        raise BackendNotAvailable("the cpu backend is disabled by RADIXMESH_NO_CPU_EXT")
+    module = _build()
+    if isinstance(module, BackendNotAvailable):
+        raise module
+    return module
+
+
+@functools.cache  # NOTE: a failed build is cached too: it is not retried in this process
+def _build() -> ModuleType | BackendNotAvailable:
+    from torch.utils import cpp_extension
+
+    try:
+        log.info("loading the C++ CPU attention kernel (compiled on first use)")
+        return cpp_extension.load(
+            name="radixmesh_cpu_kernels", sources=[str(SOURCE)], extra_cflags=FLAGS,
+            build_directory=str(build_dir()), verbose=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build
+        log.warning("the C++ CPU kernel could not be built: %s", exc)
+        return BackendNotAvailable(f"the C++ CPU kernel could not be built: {exc}")

@@ -1,0 +1,117 @@
+// Decode attention straight from the paged KV pool, for the CPU.
+//
+// One query token per request attends to the request's slots, read in place
+// from the pool: no gathered copy of K/V is ever written. Work is split over
+// (request, kv head) pairs; each pair keeps its G query heads (GQA group) and
+// their scores in thread-local buffers, so K and V rows are each read once.
+//
+//   q      [B, kv_heads * G, D]   (query head h uses kv head h / G)
+//   k, v   [S, kv_heads, D]       one layer's pool
+//   table  [R, max_len] int64    slot of every position of row r
+//   rows   [B] int64, lens [B] int64
+//   out    [B, kv_heads * G, D]  float32
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline float to_float(T x) { return static_cast<float>(x); }
+
+template <typename T>
+void decode_pair(const T* q, const T* k, const T* v, const int64_t* slots, int64_t len,
+                 int64_t kv_heads, int64_t h, int64_t G, int64_t D, float scale,
+                 float* out, std::vector<float>& qf, std::vector<float>& scores,
+                 std::vector<float>& acc) {
+  qf.resize(G * D);
+  scores.resize(G * len);
+  acc.assign(G * D, 0.0f);
+  for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(q[i]) * scale;
+  const int64_t row_stride = kv_heads * D;
+  for (int64_t l = 0; l < len; ++l) {
+    const T* kr = k + slots[l] * row_stride + h * D;
+    if (l + 2 < len) __builtin_prefetch(k + slots[l + 2] * row_stride + h * D);
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = qf.data() + g * D;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t d = 0; d < D; ++d) s += qg[d] * to_float(kr[d]);
+      scores[g * len + l] = s;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = scores.data() + g * len;
+    float m = std::numeric_limits<float>::lowest();
+    for (int64_t l = 0; l < len; ++l) m = std::max(m, sg[l]);
+    float sum = 0.0f;
+    for (int64_t l = 0; l < len; ++l) {
+      sg[l] = std::exp(sg[l] - m);
+      sum += sg[l];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t l = 0; l < len; ++l) sg[l] *= inv;
+  }
+  for (int64_t l = 0; l < len; ++l) {
+    const T* vr = v + slots[l] * row_stride + h * D;
+    if (l + 2 < len) __builtin_prefetch(v + slots[l + 2] * row_stride + h * D);
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = scores[g * len + l];
+      float* ag = acc.data() + g * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) ag[d] += p * to_float(vr[d]);
+    }
+  }
+  std::copy(acc.begin(), acc.end(), out);
+}
+
+}  // namespace
+
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                           torch::Tensor table, torch::Tensor rows, torch::Tensor lens,
+                           double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-d");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "q, k, v must be contiguous");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(), "dtype mismatch");
+  TORCH_CHECK(table.scalar_type() == torch::kInt64 && rows.scalar_type() == torch::kInt64 &&
+              lens.scalar_type() == torch::kInt64, "table, rows, lens must be int64");
+  TORCH_CHECK(table.is_contiguous() && rows.is_contiguous() && lens.is_contiguous(), "indices must be contiguous");
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t kv_heads = k.size(1);
+  TORCH_CHECK(k.size(2) == D && Hq % kv_heads == 0, "head shapes do not match");
+  TORCH_CHECK(rows.size(0) == B && lens.size(0) == B, "rows / lens must have one entry per query");
+  const int64_t G = Hq / kv_heads;
+  auto out = torch::empty({B, Hq, D}, q.options().dtype(torch::kFloat32));
+  const int64_t* table_p = table.data_ptr<int64_t>();
+  const int64_t* rows_p = rows.data_ptr<int64_t>();
+  const int64_t* lens_p = lens.data_ptr<int64_t>();
+  const int64_t stride = table.size(1);
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(lens_p[b] >= 1 && lens_p[b] <= stride && rows_p[b] >= 0 && rows_p[b] < table.size(0),
+                "row or length out of range");
+  float* out_p = out.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
+    const scalar_t* q_p = q.data_ptr<scalar_t>();
+    const scalar_t* k_p = k.data_ptr<scalar_t>();
+    const scalar_t* v_p = v.data_ptr<scalar_t>();
+    at::parallel_for(0, B * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> qf, scores, acc;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / kv_heads, h = i % kv_heads;
+        const int64_t offset = (b * Hq + h * G) * D;
+        decode_pair<scalar_t>(q_p + offset, k_p, v_p, table_p + rows_p[b] * stride, lens_p[b],
+                              kv_heads, h, G, D, static_cast<float>(scale), out_p + offset,
+                              qf, scores, acc);
+      }
+    });
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "decode attention read in place from the paged KV pool");
+}
