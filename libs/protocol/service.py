@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from . import tracing
-from .bus import Bus
+from .bus import Bus, BusAuthError
+from .credentials import ENV as NATS_ENV
+from .credentials import NatsCredentials
 from .messages import Ping, Pong
 from .subjects import Subjects
 from .telemetry import configure_tracing
@@ -33,6 +35,7 @@ class CommonConfig:
     subject_prefix: str
     instance: str
     log_level: str
+    credentials: NatsCredentials | None = None  # None: from the environment
 
     @property
     def subjects(self) -> Subjects:
@@ -51,10 +54,22 @@ def add_common_args(parser: argparse.ArgumentParser, service: str) -> None:
         help="unique id of this process",
     )
     parser.add_argument("--log-level", default=env("RADIXMESH_LOG_LEVEL", "INFO"))
+    nats = parser.add_argument_group("NATS credentials (prefer the env: flags show in ps)")
+    for name, flag in _NATS_FLAGS.items():
+        nats.add_argument(flag, dest=f"nats_{name}", default=env(NATS_ENV[name]) or None,
+                          help=f"default: env {NATS_ENV[name]}")
+
+
+_NATS_FLAGS = {
+    "user": "--nats-user", "password": "--nats-password", "token": "--nats-token",
+    "creds_file": "--nats-creds", "nkey_seed_file": "--nats-nkey-seed",
+    "tls_ca": "--nats-tls-ca", "tls_cert": "--nats-tls-cert", "tls_key": "--nats-tls-key",
+}
 
 
 def common_config(args: argparse.Namespace) -> CommonConfig:
-    return CommonConfig(args.nats_url, args.subject_prefix, args.instance, args.log_level)
+    creds = NatsCredentials(**{name: getattr(args, f"nats_{name}", None) for name in _NATS_FLAGS})
+    return CommonConfig(args.nats_url, args.subject_prefix, args.instance, args.log_level, creds)
 
 
 def setup_logging(service: str, level: str) -> None:
@@ -93,7 +108,12 @@ async def run_service(service: str, config: CommonConfig, body: Body) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with AsyncExitStack() as stack:
-        bus = await Bus.connect(config.nats_url, f"{service}:{config.instance}")
+        try:
+            bus = await Bus.connect(config.nats_url, f"{service}:{config.instance}",
+                                    credentials=config.credentials)
+        except (BusAuthError, ValueError, OSError) as exc:
+            logging.getLogger(service).error("cannot connect to NATS: %s", exc)
+            raise SystemExit(2) from None
         stack.push_async_callback(bus.close)
         ctx = ServiceContext(service, config, bus, stop, stack)
 

@@ -9,6 +9,8 @@ import os
 from libs.protocol.service import add_common_args, common_config, run_service, setup_logging
 from radixmesh.models import DEFAULT_MODEL, served_name
 
+from .auth import KeyFileError, load_keyring
+from .limits import Limits
 from .pipeline import PipelineConfig
 from .routes import GatewaySettings
 from .server import ServerConfig, gateway_body
@@ -25,13 +27,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="name clients use in requests (default: derived from --model)")
     parser.add_argument("--api-key", default=env("RADIXMESH_API_KEY") or None,
                         help="require 'Authorization: Bearer KEY' (default: env RADIXMESH_API_KEY)")
+    parser.add_argument("--api-keys-file", default=env("RADIXMESH_API_KEYS_FILE") or None,
+                        help="API keys and their tenants: JSON {\"key\": \"tenant\"} or "
+                             "'key tenant' lines (also: env RADIXMESH_API_KEYS=key:tenant,...)")
     parser.add_argument("--request-timeout", type=float, default=600.0,
                         help="seconds without output before a request fails with 504")
+    parser.add_argument("--request-deadline", type=float, default=_env_float("RADIXMESH_REQUEST_DEADLINE"),
+                        help="seconds a whole request may take when its body sets no 'timeout' "
+                             "(and the most a 'timeout' may ask for); default: none")
+    parser.add_argument("--max-tokens-cap", type=int, default=int(env("RADIXMESH_MAX_TOKENS_CAP", "0")),
+                        help="largest max_tokens accepted (400 above; the default when unset); 0: none")
+    parser.add_argument("--max-prompt-tokens", type=int,
+                        default=int(env("RADIXMESH_MAX_PROMPT_TOKENS", "0")),
+                        help="longest prompt in tokens (400 above); 0: the model's context only")
+    parser.add_argument("--max-concurrent-requests", type=int,
+                        default=int(env("RADIXMESH_MAX_CONCURRENT_REQUESTS", "0")),
+                        help="generation requests in flight on this gateway (429 above); 0: no limit")
     parser.add_argument("--bus-timeout", type=float, default=10.0,
                         help="seconds to wait for encode / route / submit replies")
     parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     add_common_args(parser, "gateway")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.keyring = load_keyring(args.api_keys_file, env("RADIXMESH_API_KEYS"), args.api_key)
+    except KeyFileError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    return float(value) if value else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,7 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging("gateway", config.log_level)
     name = args.served_model_name or served_name(args.model)
     aliases = tuple(sorted({args.model, served_name(args.model)} - {name}))
-    settings = GatewaySettings(name, aliases, args.api_key, args.max_body_bytes)
+    limits = Limits(args.max_tokens_cap, args.max_prompt_tokens, args.max_concurrent_requests,
+                    args.request_deadline)
+    settings = GatewaySettings(name, aliases, None, args.max_body_bytes, args.keyring, limits)
     pipeline_cfg = PipelineConfig(request_timeout=args.request_timeout, bus_timeout=args.bus_timeout)
     server_cfg = ServerConfig(args.host, args.port)
     body = gateway_body(settings, pipeline_cfg, server_cfg, worker_model=served_name(args.model))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Awaitable, Callable
 
@@ -12,10 +11,11 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .auth import AuthMiddleware, Keyring, load_keyring
 from .errors import ApiError
 from .health import HealthReport
+from .limits import ConcurrencyLimit
 from .observability import RequestContextMiddleware
 from .openapi import openapi_document
 from .routes import GatewaySettings, GenerationRoutes, Submitter, endpoint, json_response
@@ -24,25 +24,8 @@ HealthCheck = Callable[[], Awaitable[HealthReport]]
 FlushCache = Callable[[], Awaitable[dict]]
 Metrics = Callable[[], Awaitable[bytes]]
 OPEN_PATHS = frozenset({"/health", "/openapi.json", "/metrics"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-
-
-class ApiKeyMiddleware:
-    """401 unless ``Authorization: Bearer <key>``; health and the schema stay open."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                message = "Missing API key" if not given else "Incorrect API key provided"
-                response = ApiError(401, message, code="invalid_api_key").response()
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthCheck,
@@ -51,7 +34,9 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
     ``metrics`` renders the Prometheus page (``GET /metrics``; 404 without it)."""
     gen = GenerationRoutes(pipeline, settings)
     created = int(time.time())
-    openapi = json_response(openapi_document()).body
+    keyring = _keyring(settings)
+    openapi = json_response(openapi_document(models=tuple(settings.accepted_models),
+                                             secured=bool(keyring))).body
 
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": created, "owned_by": "radixmesh"}
@@ -67,7 +52,10 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
 
     async def get_health(_: Request) -> Response:
         report = await health()
-        return json_response(report.body, 200 if report.ok else 503)
+        response = json_response(report.body, 200 if report.ok else 503)
+        if not report.ok:
+            response.headers["Retry-After"] = "1"
+        return response
 
     async def post_flush_cache(_: Request) -> Response:
         if flush_cache is None:
@@ -95,13 +83,23 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
     ]
     static = frozenset(r.path for r in routes if "{" not in r.path)
     middleware = [Middleware(RequestContextMiddleware, routes=static)]
-    if settings.api_key:
-        middleware.append(Middleware(ApiKeyMiddleware, api_key=settings.api_key))
+    if keyring:
+        middleware.append(Middleware(AuthMiddleware, keyring=keyring, open_paths=OPEN_PATHS))
+    if settings.limits.max_concurrent_requests:
+        middleware.append(Middleware(ConcurrencyLimit, paths=GENERATION_PATHS,
+                                     limit=settings.limits.max_concurrent_requests))
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={HTTPException: _http_error})
     app.state.pipeline = pipeline
     app.state.settings = settings
     return app
+
+
+def _keyring(settings: GatewaySettings) -> Keyring:
+    keyring = settings.keyring or Keyring()
+    if settings.api_key:  # the single --api-key joins whatever else is configured
+        keyring = Keyring(keyring.entries + load_keyring(api_key=settings.api_key).entries)
+    return keyring
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:

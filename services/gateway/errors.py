@@ -11,6 +11,9 @@ from libs.protocol import ServiceError
 from libs.protocol.messages import ErrorInfo
 
 
+RETRY_STATUSES = frozenset({429, 503})
+
+
 class ApiError(Exception):
     """An HTTP error the gateway answers with; raised anywhere in a route."""
 
@@ -27,8 +30,13 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.code}}
 
-    def response(self) -> Response:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+    def response(self, retry_after: int = 1) -> Response:
+        """The JSON response; 401 names the scheme, 429/503 say when to come back."""
+        headers = None
+        if self.status == 401:
+            headers = {"WWW-Authenticate": "Bearer"}
+        elif self.status in RETRY_STATUSES:
+            headers = {"Retry-After": str(retry_after)}
         return Response(msgspec.json.encode(self.body()), self.status, headers,
                         media_type="application/json")
 

@@ -13,8 +13,15 @@ from msgspec import Meta, Struct
 
 MAX_STOP = 16
 
-PositiveInt = Annotated[int, Meta(ge=1)]
-TokenId = Annotated[int, Meta(ge=0)]
+INT32_MAX = (1 << 31) - 1  # NOTE: every int reaches the bus: bounded so it always encodes
+PositiveInt = Annotated[int, Meta(ge=1, le=INT32_MAX)]
+TokenBudget = Annotated[int, Meta(ge=0, le=INT32_MAX)]  # 0: prefill only (the prompt gets cached)
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
+TokenId = Annotated[int, Meta(ge=0, le=INT32_MAX)]
+TopK = Annotated[int, Meta(ge=-1, le=INT32_MAX)]
+Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # int64
+# seconds the whole request may take (submit to last token); past it: 504 / error event
+Timeout = Annotated[float, Meta(gt=0.0, le=86400.0)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 Stop = str | Annotated[list[str], Meta(max_length=MAX_STOP)]
@@ -45,11 +52,11 @@ class OpenAIRequestBase(_Body, kw_only=True):
     """Fields shared by chat and text completions."""
 
     model: str
-    max_tokens: PositiveInt | None = None
+    max_tokens: TokenBudget | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    top_k: int | None = None
-    seed: int | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
     stop: Stop | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -62,19 +69,20 @@ class OpenAIRequestBase(_Body, kw_only=True):
     skip_special_tokens: bool = True
     stop_token_ids: list[TokenId] | None = None
     cache_salt: CacheSalt | None = None
+    timeout: Timeout | None = None
 
 
 class ChatCompletionRequest(OpenAIRequestBase, kw_only=True):
     messages: Annotated[list[Message], Meta(min_length=1)]
-    max_completion_tokens: PositiveInt | None = None
+    max_completion_tokens: TokenBudget | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: TopLogprobs | None = None
 
 
 class CompletionRequest(OpenAIRequestBase, kw_only=True):
-    # str, [str] or [token ids]; a batch of several prompts is refused
+    # str, [str] (a batch: one choice per prompt) or [token ids]
     prompt: str | Annotated[list[str | TokenId], Meta(min_length=1)]
-    logprobs: int | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None  # OpenAI's limit
     echo: bool = False
     suffix: str | None = None
 
@@ -82,11 +90,11 @@ class CompletionRequest(OpenAIRequestBase, kw_only=True):
 class SamplingParamsBody(_Body, kw_only=True):
     """``sampling_params`` of SGLang's native /generate."""
 
-    max_new_tokens: PositiveInt | None = 128
+    max_new_tokens: TokenBudget | None = 128
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
-    top_k: int = -1
-    seed: int | None = None
+    top_k: TopK = -1
+    seed: Seed | None = None
     stop: Stop | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
@@ -98,7 +106,12 @@ class GenerateRequest(_Body, kw_only=True):
     input_ids: Annotated[list[TokenId], Meta(min_length=1)] | None = None
     sampling_params: SamplingParamsBody = msgspec.field(default_factory=SamplingParamsBody)
     stream: bool = False
+    # SGLang: logprobs of the output, and of the input from logprob_start_len (-1: none)
+    return_logprob: bool = False
+    logprob_start_len: Annotated[int, Meta(ge=-1, le=INT32_MAX)] = -1
+    top_logprobs_num: TopLogprobs = 0
     cache_salt: CacheSalt | None = None
+    timeout: Timeout | None = None
 
 
 REQUEST_TYPES = (ChatCompletionRequest, CompletionRequest, GenerateRequest)
