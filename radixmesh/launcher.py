@@ -2,6 +2,10 @@
 
 Used by ``radixmesh up`` and by the integration tests. Each service runs as its
 own process (``python -m services.<name>``) with its output in ``log_dir``.
+Services named in ``StackConfig.supervise`` are restarted when they exit; the
+scheduler keeps its instance id across restarts, so it re-adopts its workers
+at once (their leases name it). Fault tests use :meth:`LocalStack.kill`,
+:meth:`LocalStack.pid`, :meth:`LocalStack.kill_nats` and :meth:`LocalStack.start_nats`.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -44,6 +49,14 @@ class StackConfig:
     # keep every span in log_dir/spans.jsonl (for `radixmesh trace`), unless the
     # environment already sends them somewhere (OTEL_EXPORTER_OTLP_*ENDPOINT)
     traces: bool = False
+    # services (process names) restarted when they exit; a restarted scheduler
+    # re-adopts its workers at once (same instance id)
+    supervise: tuple[str, ...] = ("scheduler",)
+    max_restarts: int = 10  # per process: a crash loop ends in StackError
+
+
+RESTART_POLL_S = 0.05
+WORKER_ANNOUNCE_S = 0.5
 
 
 @dataclass
@@ -51,6 +64,10 @@ class _Proc:
     name: str
     popen: subprocess.Popen
     log: Path
+    cmd: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
+    restarted_at: float = 0.0  # monotonic time of the last restart
 
 
 class LocalStack:
@@ -62,12 +79,15 @@ class LocalStack:
         self.nats_url = config.nats_url or ""
         self.spans: SpanReceiver | None = None
         self._env: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
 
-    def start(self, timeout: float = 300.0) -> "LocalStack":
+    def start(self, timeout: float = 300.0) -> LocalStack:
         cfg = self.config
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -79,6 +99,10 @@ class LocalStack:
             model_arg = str(model_dir) if cfg.model != DEFAULT_MODEL else DEFAULT_MODEL
             self._keep_spans()
             self._spawn_all(model_arg)
+            if cfg.supervise:
+                self._supervisor = threading.Thread(target=self._supervise, daemon=True,
+                                                    name="stack-supervisor")
+                self._supervisor.start()
             self._wait_healthy(timeout)
         except BaseException:
             self.stop()
@@ -101,11 +125,14 @@ class LocalStack:
         threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // cfg.workers)
         self._spawn("cache_index", [])
         self._spawn("tokenizer", ["--model", model])
-        self._spawn("scheduler", [])
+        # NOTE: a fixed instance id: a restarted scheduler re-adopts its workers at once
+        self._spawn("scheduler", ["--instance", f"scheduler-{uuid.uuid4().hex[:8]}"])
         for i in range(cfg.workers):
             self._spawn("gpu_worker", [
                 "--model", model, "--dtype", cfg.dtype, "--kv-slots", str(cfg.kv_slots),
                 "--threads", str(threads), "--worker-id", f"w{i}-{uuid.uuid4().hex[:6]}",
+                # a restarted scheduler adopts a worker on its next announce
+                "--announce-interval", str(WORKER_ANNOUNCE_S),
             ], log_name=f"gpu_worker-{i}")
         self._spawn("gateway", ["--model", model, "--host", cfg.host, "--port", str(cfg.port)])
 
@@ -117,11 +144,7 @@ class LocalStack:
             env["OMP_NUM_THREADS"] = "1"
         cmd = [sys.executable, "-m", f"services.{service}", "--nats-url", self.nats_url,
                "--subject-prefix", cfg.subject_prefix, *args, *cfg.extra.get(service, [])]
-        out = open(log, "ab")
-        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                 cwd=Path(__file__).resolve().parent.parent)
-        out.close()
-        self.procs.append(_Proc(log_name or service, popen, log))
+        self.procs.append(_Proc(log_name or service, _popen(cmd, env, log), log, cmd, env))
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -149,13 +172,70 @@ class LocalStack:
             return 0, {}
 
     def check_alive(self) -> None:
-        for proc in self.procs:
+        """Raise StackError if a service exited (a supervised one: past its restarts)."""
+        for proc in list(self.procs):
+            if proc.name in self.config.supervise and proc.restarts < self.config.max_restarts:
+                continue
             code = proc.popen.poll()
             if code is not None:
                 tail = proc.log.read_text(errors="replace")[-3000:] if proc.log.exists() else ""
                 raise StackError(f"{proc.name} exited with code {code}; log tail:\n{tail}")
 
+    # -- processes, for fault tests and supervision ---------------------------------
+
+    def proc(self, name: str) -> _Proc:
+        """The process named ``name`` (a service, or ``gpu_worker-<i>``)."""
+        found = [p for p in self.procs if p.name == name]
+        if not found:
+            raise KeyError(f"no process {name!r}; have {[p.name for p in self.procs]}")
+        return found[0]
+
+    def pid(self, name: str) -> int:
+        return self.proc(name).popen.pid
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` (default SIGKILL) to a service; returns its pid. A supervised
+        one is restarted by the supervisor."""
+        pid = self.pid(name)
+        os.kill(pid, sig)
+        return pid
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(RESTART_POLL_S):
+            for proc in list(self.procs):
+                if (proc.name in self.config.supervise and proc.popen.poll() is not None
+                        and proc.restarts < self.config.max_restarts):
+                    self._restart(proc)
+
+    def _restart(self, proc: _Proc) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            code = proc.popen.returncode
+            proc.popen = _popen(proc.cmd, proc.env, proc.log)
+            proc.restarts += 1
+            proc.restarted_at = time.monotonic()
+        self.progress(f"{proc.name} exited with code {code}; restarted "
+                      f"(pid {proc.popen.pid}, restart {proc.restarts})")
+
+    def kill_nats(self) -> None:
+        """kill -9 the stack's own nats-server (services keep trying to reconnect)."""
+        if self.nats is None or self.nats.proc is None:
+            raise StackError("this stack does not run its own nats-server")
+        self.nats.proc.kill()
+        self.nats.proc.wait()
+
+    def start_nats(self) -> None:
+        """Start nats-server again on the same port (after :meth:`kill_nats`)."""
+        if self.nats is None:
+            raise StackError("this stack does not run its own nats-server")
+        self.nats.start()
+
     def stop(self) -> None:
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=5)
+            self._supervisor = None
         for proc in reversed(self.procs):
             if proc.popen.poll() is None:
                 proc.popen.send_signal(signal.SIGTERM)
@@ -174,11 +254,20 @@ class LocalStack:
             self.nats.stop()
             self.nats = None
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _popen(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    out = open(log, "ab")
+    try:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=Path(__file__).resolve().parent.parent)
+    finally:
+        out.close()
 
 
 def _json(data: bytes) -> dict:

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from typing import Any, Awaitable, Callable, TypeVar
 
 import msgspec
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import NoRespondersError
+from nats.errors import (
+    ConnectionClosedError, ConnectionDrainingError, ConnectionReconnectingError, NoRespondersError,
+    OutboundBufferLimitError,
+)
 from nats.errors import TimeoutError as NatsTimeout
 
 from . import codec, errors, tracing
+from .credentials import NatsCredentials
 from .errors import ServiceError
 from .messages import Base, ErrorInfo
 
@@ -39,12 +43,27 @@ class Bus:
         self.name = name
         self._tasks: set[asyncio.Task] = set()
 
+    MAX_CONCURRENT = 1024  # handlers in flight per concurrent subscription
+
     @classmethod
-    async def connect(cls, url: str, name: str, connect_timeout: float = 5.0) -> "Bus":
+    async def connect(cls, url: str, name: str, connect_timeout: float = 5.0,
+                      credentials: NatsCredentials | None = None) -> "Bus":
+        """Connect (retrying while the broker is unreachable).
+
+        ``credentials`` default to the environment (:meth:`NatsCredentials.from_env`).
+        Refused credentials or a failed TLS handshake raise :class:`BusAuthError`
+        at once instead of retrying forever.
+        """
+        creds = NatsCredentials.from_env() if credentials is None else credentials
+        refused: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+        nc = Client()
+
         async def on_error(exc: Exception) -> None:
+            if not nc.is_connected and _fatal(exc) and not refused.done():
+                refused.set_result(exc)
             log.warning("nats error (%s): %s", name, exc)
 
-        nc = await nats.connect(
+        connecting = asyncio.ensure_future(nc.connect(
             servers=[url],
             name=name,
             connect_timeout=connect_timeout,
@@ -52,7 +71,16 @@ class Bus:
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             error_cb=on_error,
-        )
+            **creds.connect_options(),
+        ))
+        await asyncio.wait((connecting, refused), return_when=asyncio.FIRST_COMPLETED)
+        if not connecting.done():
+            connecting.cancel()
+            await asyncio.wait((connecting,))
+            await nc.close()
+            raise BusAuthError(f"NATS at {url} refused {name}: {refused.result()} (check "
+                               "RADIXMESH_NATS_USER/PASSWORD/TOKEN/CREDS and the TLS files)")
+        connecting.result()
         return cls(nc, name)
 
     async def close(self) -> None:
@@ -73,6 +101,8 @@ class Bus:
         """Send ``msg`` and decode the reply; raises ServiceError on any failure."""
         with tracing.producer_span(subject, "send"):
             headers = tracing.inject_headers()
+            if not self.nc.is_connected:  # NOTE: fail fast instead of waiting out the timeout
+                raise broker_unavailable(subject)
             try:
                 reply = await self.nc.request(
                     subject, codec.encode(msg), timeout=timeout, headers=headers or None
@@ -80,7 +110,11 @@ class Bus:
             except NoRespondersError:
                 raise errors.unavailable(f"no service is listening on {subject}") from None
             except NatsTimeout:
+                if not self.nc.is_connected:
+                    raise broker_unavailable(subject) from None
                 raise errors.timeout(f"no reply on {subject} within {timeout:.1f}s") from None
+            except _DISCONNECTED:
+                raise broker_unavailable(subject) from None
             # NOTE: inside the span, so a typed error reply marks it failed
             return _decode_reply(reply, reply_type)
 
@@ -97,11 +131,17 @@ class Bus:
         Messages of one subscription are handled in order unless ``concurrent``.
         """
 
+        # NOTE: at most MAX_CONCURRENT handlers run per subscription; past that the
+        # callback waits, so messages queue within nats-py's pending limits
+        slots = asyncio.Semaphore(self.MAX_CONCURRENT)
+
         async def on_msg(raw: Msg) -> None:
             if concurrent:
+                await slots.acquire()
                 task = asyncio.create_task(self._handle(raw, handler, msg_type))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(lambda _: slots.release())
             else:
                 await self._handle(raw, handler, msg_type)
 
@@ -134,6 +174,26 @@ class Bus:
             log.warning("dropped %s: %s", raw.subject, info.message)
             return
         await self.nc.publish(raw.reply, codec.encode(info), headers={_STATUS_HEADER: "error"})
+
+
+class BusAuthError(ConnectionError):
+    """The broker refused this service's credentials or its TLS handshake failed."""
+
+
+def _fatal(exc: Exception) -> bool:
+    """Errors that retrying cannot fix: bad credentials, bad certificates."""
+    return isinstance(exc, ssl.SSLError) or "authorization violation" in str(exc).lower() \
+        or "authentication" in str(exc).lower()
+
+
+_DISCONNECTED = (ConnectionClosedError, ConnectionDrainingError, ConnectionReconnectingError,
+                 OutboundBufferLimitError)
+
+
+def broker_unavailable(subject: str) -> ServiceError:
+    """The bus has no broker connection right now (503: retry later)."""
+    return ServiceError("broker_unavailable",
+                        f"not connected to the message broker; cannot send to {subject}", 503)
 
 
 def _decode_reply(reply: Msg, reply_type: type[T]) -> T:

@@ -1,4 +1,6 @@
-"""The gateway's own view of worker load, for routing when the cache index is down."""
+"""The gateway's own view of worker load: for routing when the cache index is
+down, and for noticing that a request's scheduler is gone (it died, or a new
+scheduler session drives the worker) so the request can resume elsewhere."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ log = logging.getLogger("radixmesh.gateway.fallback")
 class LoadView:
     """Latest LoadReport per worker (the same reports the cache index reads)."""
 
-    def __init__(self, liveness_s: float = 3.0, clock=time.monotonic) -> None:
+    def __init__(self, liveness_s: float = 3.0, clock=time.monotonic,
+                 stale_s: float = 5.0) -> None:
         self.liveness_s = liveness_s
+        self.stale_s = stale_s
         self.clock = clock
         self._reports: dict[str, tuple[LoadReport, float]] = {}
         self.fallback_routes = 0
@@ -28,6 +32,24 @@ class LoadView:
             self._reports[report.worker_id] = (report, self.clock())
         else:
             self._reports.pop(report.worker_id, None)
+
+    def lost(self, worker_id: str, session: str, since: float) -> str | None:
+        """Why a request submitted to ``session`` on ``worker_id`` at ``since``
+        (this view's clock) can no longer finish there, or None.
+
+        NOTE: only reports heard after ``since`` count, so a report of an older
+        session that was still on its way cannot fail a newer request.
+        """
+        entry = self._reports.get(worker_id)
+        if entry is None or not session:
+            return None
+        report, seen = entry
+        now = self.clock()
+        if seen > since and report.session and report.session != session:
+            return f"worker {worker_id} is driven by a new scheduler session"
+        if now - max(seen, since) > self.stale_s:
+            return f"no load report from worker {worker_id} for {now - seen:.1f}s"
+        return None
 
     def live(self) -> list[LoadReport]:
         """The latest report of every worker heard from within ``liveness_s``."""

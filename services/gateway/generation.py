@@ -10,7 +10,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from opentelemetry.trace import Span
 
 from libs.protocol import ServiceError, errors
-from libs.protocol.messages import TextDelta, Usage
+from libs.protocol.messages import Logprobs, TextDelta, Usage
+
+from .logprobs import merge_logprobs
 
 
 @dataclass
@@ -22,6 +24,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: str
     usage: Usage
+    logprobs: Logprobs | None = None  # requests with return_logprob
 
 
 class Generation:
@@ -30,12 +33,14 @@ class Generation:
     Iteration ends after the delta that carries ``finish_reason``; a finish with
     an error, or ``request_timeout`` without any delta, raises ServiceError.
     Closing before the finish aborts the request on its scheduler. If its worker
-    is lost before any output, the request is resubmitted elsewhere (``rid``, the
-    public id, stays; ``bus_rid`` names the current submission).
+    is lost, even mid-stream, the request resumes elsewhere from the tokens
+    delivered so far (``rid``, the public id, stays; ``bus_rid`` names the
+    current submission); ``output_ids`` / ``emitted_chars`` are what the
+    consumer got, so the resumed stream goes on with no gap and no repeat.
     """
 
-    RETRIABLE = frozenset({"worker_lost", "worker_failed"})
-    MAX_RETRIES = 2
+    RETRIABLE = frozenset({"worker_lost", "worker_failed", "scheduler_lost"})
+    MAX_RETRIES = 3
 
     def __init__(self, rid: str, worker_id: str, queue: asyncio.Queue[TextDelta],
                  prompt_tokens: int, span: Span, request_timeout: float,
@@ -46,6 +51,7 @@ class Generation:
         self.stream_span = stream_span  # the response stream: submit -> finish
         self.started = time.perf_counter() if started is None else started
         self.first_token_at: float | None = None
+        self.predicted_ttft: tuple[str, float] | None = None  # (policy, seconds) from the router
         self._on_first_token = on_first_token
         self.request_timeout = request_timeout
         self._on_close = on_close
@@ -53,9 +59,18 @@ class Generation:
         self.bus_rid = rid
         self.worker_id = worker_id
         self.request: Any = None
-        self._resubmit: Callable[["Generation", str], Awaitable[None]] | None = None
+        self._resubmit: Callable[["Generation", str, bool], Awaitable[None]] | None = None
         self.retries = 0
         self._delivered = False
+        self.output_ids: list[int] = []  # every token id handed to the consumer
+        self.emitted_chars = 0  # characters of text handed to the consumer
+        self.prompt_ids: list[int] = []  # set by the pipeline: what a resume replays
+        self.seed: int | None = None  # the sampling seed every submission uses
+        self.detok_instance = ""
+        self.session = ""  # the scheduler session that accepted the submission
+        self.failed_workers: list[str] = []  # lost workers a resume avoids
+        self.bound_at = time.monotonic()  # when the current submission was accepted
+        self._lost = False  # a watchdog already ended the current submission
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.usage: Usage | None = None
@@ -81,20 +96,21 @@ class Generation:
         return self._deltas()
 
     async def _deltas(self) -> AsyncIterator[TextDelta]:
-        while True:
-            if self._error is not None:
-                raise self._error
-            if self.finished:
-                return
+        # NOTE: an error is raised by next_delta, which may first resume the request
+        while not (self.finished and self._error is None):
             yield await self.next_delta()
 
     def enable_retry(self, request: Any,
-                     resubmit: Callable[["Generation", str], Awaitable[None]]) -> None:
+                     resubmit: Callable[["Generation", str, bool], Awaitable[None]]) -> None:
         self.request, self._resubmit = request, resubmit
 
-    def rebind(self, bus_rid: str, worker_id: str, queue: asyncio.Queue[TextDelta]) -> None:
+    def rebind(self, bus_rid: str, worker_id: str, queue: asyncio.Queue[TextDelta],
+               detok_instance: str = "", session: str = "") -> None:
         """Continue on a fresh submission (same public rid)."""
         self.bus_rid, self.worker_id, self._queue = bus_rid, worker_id, queue
+        self._lost = False
+        self.detok_instance, self.session = detok_instance, session
+        self.bound_at = time.monotonic()
         self._error, self.finished, self.finish_reason, self.usage = None, False, None, None
         self.span.set_attribute("radixmesh.worker", worker_id)
 
@@ -107,7 +123,12 @@ class Generation:
                 if not self._retriable(exc):
                     raise
                 self.retries += 1
-                await self._resubmit(self, self.worker_id)
+                try:
+                    # NOTE: a lost scheduler leaves a healthy worker behind: keep it
+                    await self._resubmit(self, self.worker_id, exc.code != "scheduler_lost")
+                except ServiceError as failed:
+                    self._error = failed
+                    raise
                 continue
             if not self._delivered and (delta.text or delta.token_ids):
                 self._first_token()
@@ -122,8 +143,16 @@ class Generation:
             self._on_first_token(self)
 
     def _retriable(self, exc: ServiceError) -> bool:
-        return (exc.code in self.RETRIABLE and not self._delivered and self._resubmit is not None
+        return (exc.code in self.RETRIABLE and self._resubmit is not None
                 and self.retries < self.MAX_RETRIES and not self.closed)
+
+    def lost(self, error: ServiceError) -> None:
+        """The submission's scheduler or worker is gone (seen by a watchdog):
+        end it with ``error``; a retriable one resumes on the next read."""
+        if not self.finished and not self._lost:
+            self._lost = True
+            self._queue.put_nowait(TextDelta(rid=self.bus_rid, text="", token_ids=[],
+                                             finish_reason="error", error=error.info()))
 
     async def _next_delta(self) -> TextDelta:
         if self._error is not None:
@@ -158,9 +187,17 @@ class Generation:
                 raise self._error
         token_ids = items[0].token_ids if len(items) == 1 else [t for i in items for t in i.token_ids]
         self.completion_tokens += len(token_ids)
+        text = "".join(i.text for i in items)
+        self.output_ids.extend(token_ids)
+        self.emitted_chars += len(text)
         finish = None if self._error is not None else last.finish_reason
-        return TextDelta(rid=self.rid, text="".join(i.text for i in items), token_ids=token_ids,
-                         finish_reason=finish, usage=self.usage)
+        if self.retries and self.usage is not None:
+            # NOTE: a resumed request's cache hit may cover its replayed output too
+            self.usage = Usage(self.usage.prompt_tokens, self.usage.completion_tokens,
+                               min(self.usage.cached_tokens, self.usage.prompt_tokens))
+        return TextDelta(rid=self.rid, text=text, token_ids=token_ids,
+                         finish_reason=finish, usage=self.usage,
+                         logprobs=merge_logprobs([i.logprobs for i in items]))
 
     @property
     def error(self) -> ServiceError | None:
@@ -184,11 +221,14 @@ class Generation:
         """Run to the finish and return the whole output."""
         texts: list[str] = []
         ids: list[int] = []
+        logprobs = []
         finish = "stop"
         async for delta in self:
             texts.append(delta.text)
+            logprobs.append(delta.logprobs)
             ids.extend(delta.token_ids)
             finish = delta.finish_reason or finish
         if self._error is not None:
             raise self._error
-        return Completion(self.rid, "".join(texts), ids, finish, self.final_usage())
+        return Completion(self.rid, "".join(texts), ids, finish, self.final_usage(),
+                          merge_logprobs(logprobs))

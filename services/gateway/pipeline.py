@@ -18,14 +18,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 from opentelemetry import trace
 from opentelemetry.trace import Span, StatusCode
 
 from libs.protocol import Bus, ServiceError, Subjects, tracing
+from libs.protocol.bus import broker_unavailable
 from libs.protocol.messages import (
     AbortRequest, ChatMessage, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch,
     ReleaseRequest, RouteReply, RouteRequest, SamplingParams, SubmitReply, SubmitRequest,
@@ -35,6 +38,7 @@ from libs.protocol.messages import (
 from .fallback import LoadView
 from .generation import Completion, Generation
 from .metrics import RequestMetrics
+from .observability import request_arrival
 
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
 
@@ -60,12 +64,21 @@ class GenerationRequest:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     cache_salt: str = ""
+    # logprobs of the output and of the prompt from logprob_start_len (-1: none)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    # how the response shows it: the prompt echoed first; logprobs in the body
+    echo: bool = False
+    show_logprobs: bool = False
 
     def sampling(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
             top_k=self.top_k, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
+            return_logprob=self.return_logprob, logprob_start_len=self.logprob_start_len,
+            top_logprobs_num=self.top_logprobs_num,
         )
 
 
@@ -75,6 +88,8 @@ class PipelineConfig:
     bus_timeout: float = 10.0  # encode / route / submit replies
     route_attempts: int = 3  # submit refused with 503 -> route again, excluding that worker
     route_timeout: float = 2.0  # past this the gateway routes by its own load view
+    watch_interval: float = 0.25  # how often open requests are checked for a lost scheduler
+    resume_wait: float = 5.0  # a lost scheduler's requests wait this long for its successor
 
 
 class Pipeline:
@@ -92,7 +107,11 @@ class Pipeline:
         # NOTE: every rid in here has exactly one live Generation (or a submit in
         # progress); it is removed synchronously when that ends, so none leak.
         self._queues: dict[str, asyncio.Queue[TextDelta]] = {}
+        # the router's (policy, predicted TTFT) per rid between routing and submit's return
+        self._predicted: dict[str, tuple[str, float]] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._live: set[Generation] = set()  # open generations, for the watchdog
+        self._watchdog: asyncio.Task | None = None
         self._sub = None
         self.loads: LoadView | None = None
 
@@ -107,13 +126,34 @@ class Pipeline:
         )
         self.loads = LoadView()
         await self.loads.start(self.bus, self.subjects)
+        self._watchdog = asyncio.create_task(self._watch(), name="gateway-watchdog")
 
     async def stop(self) -> None:
         """Unsubscribe and wait for pending abort/release messages to go out."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
         await self.drain()
+
+    async def _watch(self) -> None:
+        """End open requests whose scheduler is gone, so they resume elsewhere
+        (a dead worker is reported by its scheduler; a dead scheduler by no one),
+        and every open request when the broker connection drops: output sent
+        meanwhile is lost, so they could only stall or skip text (503 instead)."""
+        while True:
+            await asyncio.sleep(self.config.watch_interval)
+            if not self.bus.nc.is_connected:
+                for gen in list(self._live):
+                    gen.lost(broker_unavailable(self.subjects.gateway_out(self.instance)))
+                continue
+            for gen in list(self._live):
+                reason = self.loads.lost(gen.worker_id, gen.session, gen.bound_at)
+                if reason is not None and not gen.finished:
+                    log.warning("request %s: %s", gen.rid, reason)
+                    gen.lost(ServiceError("scheduler_lost", reason, 503))
 
     async def drain(self) -> None:
         """Wait until every cleanup message scheduled so far is published."""
@@ -136,59 +176,99 @@ class Pipeline:
         if self._sub is None:
             raise RuntimeError("Pipeline.start() was not called: no output would arrive")
         rid = tracing.request_id.get() or uuid.uuid4().hex  # the HTTP layer's id, if any
-        started = time.perf_counter()
+        started = request_arrival.get() or time.perf_counter()  # NOTE: from the HTTP arrival
         # the request's span: every bus message of this request carries its trace
         span = _tracer.start_span("gateway.request", attributes={
             "radixmesh.rid": rid, "radixmesh.model": self.model, "radixmesh.tenant": _tenant(req)})
+        # NOTE: every submission of a request samples with one seed, so a resumed
+        # request continues exactly as it would have on its first worker
+        seed = req.seed if req.seed is not None else secrets.randbits(63)
         try:
             with trace.use_span(span, end_on_exit=False):
-                queue, prompt_tokens, worker = await self._launch(rid, req, [])
+                run = await self._launch(rid, req, [], _Resume(seed=seed))
         except BaseException as exc:
             if self.metrics is not None and isinstance(exc, ServiceError):
                 self.metrics.failed(exc.code)
             _end_span(span, "failed", exc)
             raise
-        span.set_attributes({"radixmesh.worker": worker, "radixmesh.prompt_tokens": prompt_tokens})
+        span.set_attributes({"radixmesh.worker": run.worker,
+                             "radixmesh.prompt_tokens": len(run.prompt_ids)})
         stream = _tracer.start_span("gateway.stream", context=trace.set_span_in_context(span))
-        gen = Generation(rid, worker, queue, prompt_tokens, span,
+        gen = Generation(rid, run.worker, run.queue, len(run.prompt_ids), span,
                          self.config.request_timeout, self._finish, started=started,
                          stream_span=stream,
                          on_first_token=self.metrics.first_token if self.metrics else None)
+        gen.prompt_ids, gen.seed = run.prompt_ids, seed
+        gen.predicted_ttft = self._predicted.pop(rid, None)
+        gen.detok_instance, gen.session = run.detok_instance, run.session
         gen.enable_retry(req, self._resubmit)
+        self._live.add(gen)
         return gen
 
-    async def _launch(self, rid: str, req: GenerationRequest,
-                      exclude: list[str]) -> tuple[asyncio.Queue[TextDelta], int, str]:
+    async def _launch(self, rid: str, req: GenerationRequest, exclude: list[str],
+                      resume: _Resume) -> _Launched:
         """Encode, route (avoiding ``exclude``) and submit under ``rid``."""
         queue: asyncio.Queue[TextDelta] = asyncio.Queue()
         self._queues[rid] = queue
         try:
             enc = await self.bus.request(
-                self.subjects.tokenizer_encode(), self._encode_request(rid, req),
+                self.subjects.tokenizer_encode(), resume.encode_request(self._encode_request(rid, req)),
                 EncodeReply, self.config.bus_timeout,
             )
             try:
-                worker = await self._route_and_submit(rid, req, enc, exclude)
+                worker, session = await self._route_and_submit(rid, req, enc, exclude, resume)
             except BaseException:
                 self._publish_later(self.subjects.tokenizer_detok(enc.detok_instance),
                                     DetokRelease(rids=[rid]))
                 raise
         except BaseException:
             self._queues.pop(rid, None)
+            self._predicted.pop(rid, None)
             raise
-        return queue, len(enc.input_ids), worker
+        return _Launched(queue, enc.input_ids, worker, enc.detok_instance, session)
 
-    async def _resubmit(self, gen: Generation, failed_worker: str) -> None:
-        """The worker died before the first token: start over on another one."""
+    async def _resubmit(self, gen: Generation, failed_worker: str, exclude: bool = True) -> None:
+        """The worker (or, ``exclude`` False, only its scheduler) is gone: resume
+        from the output delivered so far; raises 503 ``no_worker`` if no worker
+        takes it (after up to ``resume_wait`` for a lost scheduler's successor)."""
+        self._forget(gen)
+        if exclude:
+            gen.failed_workers.append(failed_worker)
+        resume = _Resume(seed=gen.seed, prompt_ids=gen.prompt_ids, output_ids=list(gen.output_ids),
+                         emitted_chars=gen.emitted_chars)
+        deadline = time.monotonic() + (0.0 if exclude else self.config.resume_wait)
+        while True:
+            rid = uuid.uuid4().hex
+            try:
+                with trace.use_span(gen.span, end_on_exit=False):
+                    run = await self._launch(rid, gen.request, list(gen.failed_workers), resume)
+                break
+            except ServiceError as exc:
+                if exc.status != 503:
+                    raise
+                if time.monotonic() < deadline:
+                    await asyncio.sleep(0.25)
+                    continue
+                raise ServiceError("no_worker", f"worker {failed_worker} was lost and no other "
+                                   f"worker could resume request {gen.rid}: {exc.message}",
+                                   503) from None
+        self._predicted.pop(rid, None)  # NOTE: only a first submission's TTFT is predicted
+        log.warning("request %s moved from %s to %s after %d tokens", gen.rid, failed_worker,
+                    run.worker, len(gen.output_ids))
+        gen.span.add_event("moved", {"radixmesh.from_worker": failed_worker,
+                                     "radixmesh.worker": run.worker,
+                                     "radixmesh.resumed_tokens": len(gen.output_ids)})
+        gen.rebind(rid, run.worker, run.queue, run.detok_instance, run.session)
+
+    def _forget(self, gen: Generation) -> None:
+        """Let go of a lost submission: its queue, index booking, detok stream, scheduler."""
         self._queues.pop(gen.bus_rid, None)
         self._publish_later(self.subjects.index_release(),
-                            ReleaseRequest(rid=gen.bus_rid, worker_id=failed_worker))
-        rid = uuid.uuid4().hex
-        with trace.use_span(gen.span, end_on_exit=False):
-            queue, _, worker = await self._launch(rid, gen.request, [failed_worker])
-        log.warning("request %s moved from %s to %s", gen.rid, failed_worker, worker)
-        gen.span.add_event("moved", {"radixmesh.from_worker": failed_worker, "radixmesh.worker": worker})
-        gen.rebind(rid, worker, queue)
+                            ReleaseRequest(rid=gen.bus_rid, worker_id=gen.worker_id))
+        if gen.detok_instance:  # NOTE: a no-op where the error finish already closed it
+            self._publish_later(self.subjects.tokenizer_detok(gen.detok_instance),
+                                DetokRelease(rids=[gen.bus_rid]))
+        self._publish_later(self.subjects.sched_abort(gen.worker_id), AbortRequest(rid=gen.bus_rid))
 
     def _encode_request(self, rid: str, req: GenerationRequest) -> EncodeRequest:
         return EncodeRequest(
@@ -199,18 +279,22 @@ class Pipeline:
         )
 
     async def _route_and_submit(self, rid: str, req: GenerationRequest, enc: EncodeReply,
-                                exclude: list[str]) -> str:
+                                exclude: list[str], resume: _Resume) -> tuple[str, str]:
         exclude = list(exclude)
+        sampling = msgspec.structs.replace(req.sampling(enc.max_new_tokens), seed=resume.seed)
+        if resume.output_ids:  # NOTE: prompt logprobs went out with the first output
+            sampling = msgspec.structs.replace(sampling, logprob_start_len=-1)
         submit = SubmitRequest(
-            rid=rid, input_ids=enc.input_ids, sampling=req.sampling(enc.max_new_tokens),
+            rid=rid, input_ids=enc.input_ids + resume.output_ids, sampling=sampling,
             detok_instance=enc.detok_instance, cache_salt=req.cache_salt,
+            num_output_tokens=len(resume.output_ids),
         )
         while True:
             worker = await self._route(rid, req, enc, exclude)
             try:
-                await self.bus.request(self.subjects.sched_submit(worker), submit, SubmitReply,
-                                       self.config.bus_timeout)
-                return worker
+                reply = await self.bus.request(self.subjects.sched_submit(worker), submit,
+                                               SubmitReply, self.config.bus_timeout)
+                return worker, reply.session
             except BaseException as exc:
                 refused = isinstance(exc, ServiceError) and exc.code != "timeout"
                 if not refused:  # the scheduler may hold it: make sure it lets go
@@ -230,6 +314,8 @@ class Pipeline:
                                            self.config.route_timeout)
             if self.metrics is not None:
                 self.metrics.routed(reply.policy, reply.worker_id)
+            if reply.predicted_ttft_s > 0:
+                self._predicted[rid] = (reply.policy, reply.predicted_ttft_s)
             return reply.worker_id
         except ServiceError as exc:
             if exc.code not in ("service_unavailable", "timeout") or self.loads is None:
@@ -256,6 +342,7 @@ class Pipeline:
             log.warning("could not publish %s to %s: %s", type(msg).__name__, subject, exc)
 
     def _finish(self, gen: Generation) -> None:
+        self._live.discard(gen)
         self._queues.pop(gen.bus_rid, None)
         with trace.use_span(gen.span, end_on_exit=False):
             if not gen.finished:
@@ -275,6 +362,34 @@ class Pipeline:
         _end_span(gen.span, gen.outcome, gen.error)
         if self.metrics is not None:
             self.metrics.finished(gen)
+
+
+@dataclass(frozen=True)
+class _Resume:
+    """What a submission carries over from earlier ones (none: a fresh request)."""
+
+    seed: int | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    emitted_chars: int = 0
+
+    def encode_request(self, fresh: EncodeRequest) -> EncodeRequest:
+        """The fresh request's encode, or for a resume: its prompt ids (no re-tokenizing)
+        and the output the new detok stream starts from."""
+        if not self.prompt_ids:
+            return fresh
+        return msgspec.structs.replace(
+            fresh, text=None, messages=None, input_ids=self.prompt_ids,
+            output_ids=self.output_ids, emitted_chars=self.emitted_chars)
+
+
+@dataclass
+class _Launched:
+    queue: asyncio.Queue[TextDelta]
+    prompt_ids: list[int]
+    worker: str
+    detok_instance: str
+    session: str
 
 
 def _tenant(req: GenerationRequest) -> str:

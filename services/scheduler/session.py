@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 
 import msgspec
 
-from libs.protocol import Bus, Subjects
+from libs.protocol import Bus, ServiceError, Subjects, errors
 from libs.protocol.messages import (
-    AbortRequest, ErrorInfo, FlushReply, FlushRequest, KVSnapshot, LeaseRenew, SnapshotRequest, LoadReport, SchedStats, SchedStatsRequest,
-    SubmitReply, SubmitRequest, WorkerInfo,
+    AbortRequest, ErrorInfo, FlushReply, FlushRequest, KVSnapshot, LeaseRenew, LoadReport,
+    SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply, SubmitRequest, WorkerInfo,
 )
 
 from .batcher import Batcher, BatcherConfig
@@ -22,6 +23,7 @@ from .worker_loop import WorkerLoop, WorkerLost
 log = logging.getLogger("scheduler.session")
 
 LOAD_INTERVAL_S = 0.5
+RENEW_MAX_INTERVAL_S = 0.5
 
 
 class WorkerSession:
@@ -34,6 +36,7 @@ class WorkerSession:
         self.lease_s = lease_s
         self.loop = WorkerLoop(bus, subjects, Batcher(info, config), forward_timeout)
         self.last_seen = time.monotonic()
+        self.session = secrets.token_hex(6)  # names this adoption in replies and load reports
         self.closed = asyncio.Event()
         self._subs: list = []
         self._tasks: list[asyncio.Task] = []
@@ -81,9 +84,13 @@ class WorkerSession:
     # -- handlers -------------------------------------------------------------
 
     async def _on_submit(self, msg: SubmitRequest) -> SubmitReply:
-        req = Req(rid=msg.rid, input_ids=msg.input_ids, sampling=msg.sampling,
-                  detok_instance=msg.detok_instance, namespace=msg.cache_salt)
-        return SubmitReply(queue_position=self.loop.submit(req))
+        prompt, output = _split_resumed(msg, self.info.vocab_size)
+        req = Req(rid=msg.rid, input_ids=prompt, sampling=msg.sampling,
+                  detok_instance=msg.detok_instance, namespace=msg.cache_salt,
+                  output_ids=output)
+        if output and req.lp_next >= 0:  # logprobs of the replayed output went out already
+            req.lp_next = max(req.lp_next, req.fill_len)
+        return SubmitReply(queue_position=self.loop.submit(req), session=self.session)
 
     async def _on_abort(self, msg: AbortRequest) -> None:
         self.loop.abort(msg.rid, msg.reason)
@@ -107,17 +114,39 @@ class WorkerSession:
             await self.loop.run()
         except WorkerLost as exc:
             await self.close(f"step failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - e.g. a publish while the broker is away
+            log.exception("loop of worker %s failed", self.worker_id)
+            await self.close(f"loop failed: {type(exc).__name__}: {exc}")
 
     async def _renew_lease(self) -> None:
+        """Renew every ``lease_s / 5`` (at most 0.5 s) and watch the answer: no
+        responder means the worker process is gone, a refusal that the lease
+        lapsed; either way its requests fail now (and are resumed elsewhere)."""
         subject = self.subjects.worker_lease(self.worker_id)
+        interval = min(self.lease_s / 5, RENEW_MAX_INTERVAL_S)
+        gone = 0  # consecutive "no responders": one may be a broker reconnect
         while True:
-            await self.bus.publish(subject, LeaseRenew(scheduler_id=self.scheduler_id))
-            await asyncio.sleep(self.lease_s / 5)
+            try:
+                await self.bus.request(subject, LeaseRenew(scheduler_id=self.scheduler_id),
+                                       WorkerInfo, timeout=max(interval, 0.5))
+                self.last_seen, gone = time.monotonic(), 0
+            except ServiceError as exc:
+                gone = gone + 1 if exc.code == "service_unavailable" else 0
+                if gone >= 2 or exc.code == "not_adopted":
+                    await self.close(f"lease renewal failed: {exc.message}")
+                    return
+                log.info("lease renewal of %s: %s", self.worker_id, exc.message)
+            except Exception as exc:  # noqa: BLE001 - e.g. the broker is reconnecting
+                log.info("lease renewal of %s: %s", self.worker_id, exc)
+            await asyncio.sleep(interval if not gone else 0.1)
 
     async def _report_load(self) -> None:
         subject = self.subjects.index_load(self.worker_id)
         while True:
-            await self.bus.publish(subject, self._load_report())
+            try:
+                await self.bus.publish(subject, self._load_report())
+            except Exception as exc:  # noqa: BLE001 - the broker may be away: next tick
+                log.info("load report of %s not sent: %s", self.worker_id, exc)
             await asyncio.sleep(LOAD_INTERVAL_S)
 
     def _load_report(self, alive: bool = True) -> LoadReport:
@@ -129,5 +158,21 @@ class WorkerSession:
             max_model_len=self.info.max_model_len, ts=time.time(),
             queued_prefill_tokens=batcher.queued_prefill_tokens(),
             prefill_tps=self.loop.prefill_tps, decode_step_s=self.loop.decode_step_s,
-            alive=alive,
+            alive=alive, session=self.session,
         )
+
+
+def _split_resumed(msg: SubmitRequest, vocab_size: int) -> tuple[list[int], list[int]]:
+    """(prompt, output so far) of a submission; a resumed one carries output."""
+    n = msg.num_output_tokens
+    if n == 0:
+        return msg.input_ids, []
+    if not 0 < n < len(msg.input_ids):
+        raise errors.invalid_request(
+            f"num_output_tokens must lie in [0, {len(msg.input_ids)}) (the prompt is not empty)")
+    if n >= msg.sampling.max_new_tokens:
+        raise errors.invalid_request("num_output_tokens must be below max_new_tokens")
+    output = msg.input_ids[-n:]
+    if min(output) < 0 or max(output) >= vocab_size:
+        raise errors.invalid_request(f"token ids must lie in [0, {vocab_size})")
+    return msg.input_ids[:-n], output

@@ -19,6 +19,9 @@ from .tracing import StepTracer
 log = logging.getLogger("scheduler.loop")
 
 
+LOST_REPLY_S = 1.0
+
+
 class WorkerLost(Exception):
     pass
 
@@ -83,6 +86,7 @@ class WorkerLoop:
             plan = self.batcher.plan
             parent = self.tracer.step_started(plan, batch.step)
             self._account_send()
+            reconnects = self._reconnects()
             token = otel_context.attach(parent) if parent is not None else None
             step = asyncio.ensure_future(
                 self.bus.request(forward, batch, ForwardResult, timeout=self.forward_timeout))
@@ -91,7 +95,7 @@ class WorkerLoop:
             # NOTE: the previous step's deltas and KV events go out while this one runs.
             await self.flush()
             try:
-                result = await step
+                result = await self._reply(step, reconnects)
                 self._last_forward_s = result.forward_ms / 1e3
                 self._measure(batch.extend_lens, self._last_forward_s)
                 self.batcher.complete(result)
@@ -104,6 +108,26 @@ class WorkerLoop:
                 ))
                 await self.flush()
                 raise WorkerLost(str(exc)) from exc
+
+    def _reconnects(self) -> int:
+        return self.bus.nc.stats.get("reconnects", 0)
+
+    async def _reply(self, step: asyncio.Future, reconnects: int) -> ForwardResult:
+        """The step's result. NOTE: if the broker connection dropped after the
+        step was sent, its request or reply may be gone with the old connection:
+        past ``LOST_REPLY_S`` after reconnecting, the step counts as failed."""
+        lost_at: float | None = None
+        while True:
+            done, _ = await asyncio.wait({step}, timeout=LOST_REPLY_S / 2)
+            if done:
+                return step.result()
+            if self._reconnects() == reconnects or not self.bus.nc.is_connected:
+                continue
+            lost_at = lost_at or time.monotonic() + LOST_REPLY_S
+            if time.monotonic() >= lost_at:
+                step.cancel()
+                raise ServiceError("broker_unavailable",
+                                   "the broker connection dropped while the step ran", 503)
 
     def _measure(self, extend_lens: list[int], seconds: float) -> None:
         prefill = sum(n for n in extend_lens if n > 1)

@@ -45,6 +45,8 @@ class DecodeState:
     # decoded text not emitted yet because it may be the start of a stop string
     held: str = ""
     stopped: bool = False
+    # characters of upcoming text the client already has (a resumed request)
+    skip: int = 0
 
 
 class StepResult(NamedTuple):
@@ -76,9 +78,26 @@ class Detokenizer:
         """
         windows = self._decode_windows(states, new_ids, finish)
         return [
-            _advance(st, windows.get(i), fin) if not st.stopped else StepResult("", True)
+            _skip(st, _advance(st, windows.get(i), fin)) if not st.stopped else StepResult("", True)
             for i, (st, fin) in enumerate(zip(states, finish))
         ]
+
+    def prime(self, state: DecodeState, output_ids: Sequence[int], emitted_chars: int) -> None:
+        """Start ``state`` (fresh) as if ``output_ids`` had been decoded and the
+        first ``emitted_chars`` characters of their text emitted: a resumed
+        request's stream goes on with no gap and no repeat.
+
+        NOTE: replaying the ids in one step rebuilds the offsets, the held stop
+        prefix and any unfinished multi-byte character exactly, because the
+        emitted text does not depend on how the ids were split into steps.
+        Raises ValueError if the ids cannot be decoded.
+        """
+        state.skip = emitted_chars
+        res = self.step([state], [list(output_ids)], [False])[0]
+        if res.error is not None:
+            raise ValueError(res.error)
+        if res.text:  # decoded but not emitted before the move: emit it next
+            state.held = res.text + state.held
 
     def _decode_windows(
         self, states: Sequence[DecodeState], new_ids: Sequence[Sequence[int]],
@@ -110,6 +129,10 @@ class Detokenizer:
                 prefix, full = out.get(i, (states[i].prefix_text, None))
                 out[i] = (text, full) if kind == "prefix" else (prefix, text)
         return out
+
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """The text of each token alone (special tokens kept), in one batch decode."""
+        return [t or "" for t in self._decode_many([[i] for i in ids], False)]
 
     def _decode_many(self, seqs: list[list[int]], skip: bool) -> list[str | None]:
         """Batch decode; on failure decode one by one so one bad sequence costs only itself."""
@@ -156,6 +179,15 @@ def _advance(
         else:
             st.prefix_text = prefix
     return _apply_stop(st, delta, finish)
+
+
+def _skip(st: DecodeState, res: StepResult) -> StepResult:
+    """Drop the start of ``res.text`` that the client already received."""
+    if not st.skip or not res.text:
+        return res
+    cut = min(st.skip, len(res.text))
+    st.skip -= cut
+    return res._replace(text=res.text[cut:])
 
 
 def _apply_stop(st: DecodeState, delta: str, finish: bool) -> StepResult:

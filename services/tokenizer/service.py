@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from libs.protocol import errors
 from libs.protocol.messages import (
     AbortRequest, DetokBatch, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch,
 )
@@ -59,8 +60,9 @@ class TokenizerService:
 
     def __init__(
         self, ctx: ServiceContext, encoder: Encoder, model_name: str,
-        idle_timeout: float = 600.0, encode_threads: int = 1,
+        idle_timeout: float = 600.0, encode_threads: int = 1, max_streams: int = 65536,
     ) -> None:
+        self.max_streams = max_streams  # open detok streams: past this, encodes get 503
         self.ctx = ctx
         self.encoder = encoder
         self.model_name = model_name
@@ -85,6 +87,9 @@ class TokenizerService:
         self._report()
 
     async def _on_encode(self, req: EncodeRequest) -> EncodeReply:
+        if len(self.streams) >= self.max_streams and req.rid not in self.streams:
+            raise errors.overloaded(f"tokenizer {self.ctx.config.instance} holds "
+                                    f"{len(self.streams)} open requests; retry later")
         with _tracer.start_as_current_span("tokenizer.encode") as span:
             enc = await self.pool.encode(req)
             if span.is_recording():
@@ -92,15 +97,28 @@ class TokenizerService:
                                      "radixmesh.prompt_tokens": len(enc.input_ids)})
         # the request's detokenize span (tokenizer.detokenize) will be a child of this context
         traced = trace.get_current_span().is_recording()
-        self.streams.open(
-            req.rid, req.gateway, len(enc.input_ids), req.stop, req.skip_special_tokens,
-            trace_ctx=otel_context.get_current() if traced else None,
-        )
+        self._check_resume(req)
+        try:
+            self.streams.open(
+                req.rid, req.gateway, len(enc.input_ids), req.stop, req.skip_special_tokens,
+                trace_ctx=otel_context.get_current() if traced else None,
+                output_ids=req.output_ids, emitted_chars=req.emitted_chars,
+            )
+        except ValueError as exc:
+            raise errors.invalid_request(f"output_ids: {exc}") from None
         self._report()
         return EncodeReply(
             input_ids=enc.input_ids, max_new_tokens=enc.max_new_tokens,
             detok_instance=self.ctx.config.instance, max_model_len=enc.max_model_len,
         )
+
+    def _check_resume(self, req: EncodeRequest) -> None:
+        """A resumed request's output ids must be token ids; emitted_chars >= 0."""
+        ids, vocab = req.output_ids, self.encoder.vocab_size
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            raise errors.invalid_request(f"output_ids must be token ids in [0, {vocab})")
+        if req.emitted_chars < 0:
+            raise errors.invalid_request("emitted_chars must not be negative")
 
     async def _on_detok(self, msg: DetokBatch | DetokRelease) -> None:
         if isinstance(msg, DetokRelease):

@@ -6,13 +6,14 @@ final TextDelta, a DetokRelease, or ``idle_timeout`` without traffic.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from opentelemetry import trace
 
-from libs.protocol.messages import DetokBatch, ErrorInfo, TextDelta, TokenDelta, Usage
+from libs.protocol.messages import DetokBatch, ErrorInfo, Logprobs, TextDelta, TokenDelta, Usage
 
 from .detok import DecodeState, Detokenizer, StepResult
 
@@ -60,10 +61,18 @@ class Streams:
     def open(
         self, rid: str, gateway: str, prompt_tokens: int,
         stop: list[str], skip_special_tokens: bool, trace_ctx: Any = None,
+        output_ids: list[int] | None = None, emitted_chars: int = 0,
     ) -> None:
         """Start (or restart, for a retried encode) the stream of ``rid``; with
-        ``trace_ctx`` its detokenization ends in one ``tokenizer.detokenize`` span."""
+        ``trace_ctx`` its detokenization ends in one ``tokenizer.detokenize`` span.
+
+        A resumed request passes the ``output_ids`` generated before its worker
+        died and how many characters of their text the client got: the stream
+        continues right after them (raises ValueError if they do not decode).
+        """
         state = DecodeState(skip_special_tokens=skip_special_tokens, stop=tuple(stop))
+        if output_ids:
+            self._detok.prime(state, output_ids, emitted_chars)
         self._streams[rid] = Stream(rid, gateway, prompt_tokens, state, self._clock(),
                                     trace_ctx=trace_ctx)
 
@@ -114,7 +123,8 @@ class Streams:
         if finish is None:
             if not res.text and not item.token_ids:
                 return None
-            return TextDelta(rid=stream.rid, text=res.text, token_ids=item.token_ids)
+            return TextDelta(rid=stream.rid, text=res.text, token_ids=item.token_ids,
+                             logprobs=self._with_texts(item.logprobs))
         usage = Usage(
             prompt_tokens=item.prompt_tokens or stream.prompt_tokens,
             completion_tokens=item.completion_tokens or stream.decode.num_tokens,
@@ -123,7 +133,19 @@ class Streams:
         return TextDelta(
             rid=stream.rid, text=res.text, token_ids=item.token_ids,
             finish_reason=finish, error=error, usage=usage,
+            logprobs=self._with_texts(item.logprobs),
         )
+
+    def _with_texts(self, lp: Logprobs | None) -> Logprobs | None:
+        """Fill in the text of every token of ``lp`` (one decode call for all of them)."""
+        if lp is None:
+            return None
+        flat = [t for row in lp.top_ids for t in row]
+        texts = self._detok.token_texts(lp.token_ids + flat)
+        lp.tokens, rest = texts[: len(lp.token_ids)], texts[len(lp.token_ids):]
+        ends = list(itertools.accumulate(len(row) for row in lp.top_ids))
+        lp.top_tokens = [rest[e - len(row) : e] for e, row in zip(ends, lp.top_ids)]
+        return lp
 
 
 def _detok_span(stream: Stream, finish_reason: str) -> None:

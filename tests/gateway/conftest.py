@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from libs.protocol import Bus, ServiceError, Subjects
+from libs.protocol import Bus, ServiceError, Subjects, errors
 from libs.protocol.messages import (
     AbortRequest, DetokRelease, EncodeReply, EncodeRequest, ErrorInfo, GatewayBatch,
     ReleaseRequest, RouteReply, RouteRequest, SubmitReply, SubmitRequest, TextDelta, Usage,
@@ -38,7 +38,8 @@ class PlayedServices:
     submit_errors: dict[str, ServiceError] = field(default_factory=dict)  # per worker
     workers: list[str] = field(default_factory=lambda: ["w1", "w2"])
     route_down: bool = False  # no cache index on the bus
-    lost_workers: set[str] = field(default_factory=set)  # die before their first token
+    lost_workers: set[str] = field(default_factory=set)  # die after ``lost_after`` words
+    lost_after: int = 0
     encodes: list[EncodeRequest] = field(default_factory=list)
     routes: list[RouteRequest] = field(default_factory=list)
     submits: list[SubmitRequest] = field(default_factory=list)
@@ -77,6 +78,8 @@ class PlayedServices:
     async def _route(self, req: RouteRequest) -> RouteReply:
         self.routes.append(req)
         free = [w for w in self.workers if w not in req.exclude]
+        if not free:
+            raise errors.unavailable(f"no live worker serves model {req.model!r}")
         return RouteReply(worker_id=free[0], policy="first")
 
     def _submit_on(self, worker: str):
@@ -86,27 +89,33 @@ class PlayedServices:
                 raise self.submit_errors[worker]
             produce = self._lose if worker in self.lost_workers else self._produce
             asyncio.get_running_loop().create_task(produce(req))
-            return SubmitReply(queue_position=0)
+            return SubmitReply(queue_position=0, session=f"{worker}-s1")
         return submit
 
     async def _lose(self, req: SubmitRequest) -> None:
         info = ErrorInfo(code="worker_lost", message="worker lost: no announce", status=503)
+        await self._words(req, req.num_output_tokens, req.num_output_tokens + self.lost_after)
         await asyncio.sleep(0.02)
         await self.bus.publish(self.subjects.gateway_out(self._gateway_of[req.rid]), GatewayBatch(
             items=[TextDelta(rid=req.rid, text="", token_ids=[], finish_reason="error", error=info)]))
 
     async def _produce(self, req: SubmitRequest) -> None:
         out = self.subjects.gateway_out(self._gateway_of[req.rid])
-        prompt = len(req.input_ids)
         if self.mode in ("hang", "error"):
             await self.bus.publish(out, GatewayBatch(items=[TextDelta(rid=req.rid, text="a", token_ids=[7])]))
             if self.mode == "error":
-                info = ErrorInfo(code="worker_failed", message="the worker died", status=502)
+                info = ErrorInfo(code="model_error", message="the worker died", status=502)
                 await asyncio.sleep(0.02)
                 await self.bus.publish(out, GatewayBatch(items=[
                     TextDelta(rid=req.rid, text="", token_ids=[], finish_reason="error", error=info)]))
             return
-        for i in range(self.words):
+        await self._words(req, req.num_output_tokens, self.words)
+
+    async def _words(self, req: SubmitRequest, start: int, end: int) -> None:
+        """Words start..end-1 of the output ("w<i> "); the last word finishes it."""
+        out = self.subjects.gateway_out(self._gateway_of[req.rid])
+        prompt = len(req.input_ids) - req.num_output_tokens
+        for i in range(start, min(end, self.words)):
             last = i == self.words - 1
             delta = TextDelta(
                 rid=req.rid, text=f"w{i} ", token_ids=[100 + i],

@@ -108,16 +108,16 @@ async def test_error_finish_non_stream_and_stream(client, played):
     played.mode = "error"
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status_code == 502
-    assert resp.json()["error"]["code"] == "worker_failed"
+    assert resp.json()["error"]["code"] == "model_error"
     resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert resp.status_code == 200
     events = parse_sse(resp.content)
     assert events[-1] == "[DONE]"
-    assert events[-2]["error"]["code"] == "worker_failed"
+    assert events[-2]["error"]["code"] == "model_error"
     assert events[-2]["error"]["message"] == "the worker died"
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2]) == "a"
     resp = await client.post("/generate", json={"text": "x", "stream": True})
-    assert parse_sse(resp.content)[-2]["error"]["code"] == "worker_failed"
+    assert parse_sse(resp.content)[-2]["error"]["code"] == "model_error"
 
 
 async def test_stream_setup_errors_are_http_errors(client, played):

@@ -71,7 +71,7 @@ async def test_error_finish_raises_typed_error(played, pipeline):
     with pytest.raises(ServiceError) as err:
         async with gen:
             await gen.collect()
-    assert (err.value.code, err.value.status) == ("worker_failed", 502)
+    assert (err.value.code, err.value.status) == ("model_error", 502)
     await played.wait_for(played.releases)
     assert played.aborts == []  # the scheduler ended it already
 

@@ -153,3 +153,35 @@ async def test_cli_process_serves_ping_and_encode(nats_server, subject_prefix):
         await client.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+
+
+async def test_resumed_encode_primes_the_stream(harness, tokenizer):
+    ids = tokenizer.encode("Tokyo 東京 👍🏽")
+    split = next(k for k in range(1, len(ids)) if "\ufffd" in tokenizer.decode(ids[:k]))
+    sent = tokenizer.decode(ids[:split]).rstrip("\ufffd")  # what the client got
+    prompt = tokenizer.encode("Dessert:")
+    reply = await harness.encode(rid="r9", input_ids=prompt, output_ids=ids[:split],
+                                 emitted_chars=len(sent))
+    assert reply.input_ids == prompt
+    await harness.detok(TokenDelta(rid="r9", token_ids=ids[split:], finish_reason="length"))
+    (delta,) = (await harness.next_batch()).items
+    assert sent + delta.text == "Tokyo 東京 👍🏽"
+    assert delta.usage.completion_tokens == len(ids)  # counted from the replayed ids on
+
+
+@pytest.mark.parametrize("kw", [{"output_ids": [-1]}, {"output_ids": [10**9]},
+                                {"output_ids": [5], "emitted_chars": -1}])
+async def test_bad_resume_is_400(harness, kw):
+    with pytest.raises(ServiceError) as err:
+        await harness.encode(rid="bad", input_ids=[1, 2], **kw)
+    assert err.value.status == 400 and "bad" not in harness.service.streams
+
+
+async def test_open_streams_are_bounded(harness):
+    harness.service.max_streams = 2
+    await harness.encode(rid="a", text="x")
+    await harness.encode(rid="b", text="y")
+    with pytest.raises(ServiceError) as err:
+        await harness.encode(rid="c", text="z")
+    assert (err.value.code, err.value.status) == ("overloaded", 503)
+    await harness.encode(rid="a", text="x")  # a retried encode reopens its own stream

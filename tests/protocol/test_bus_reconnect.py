@@ -1,0 +1,86 @@
+"""A broker restart: requests fail fast with 503 while it is away, subscriptions
+come back by themselves, and concurrent handlers are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from libs.protocol import Bus, ServiceError
+from libs.protocol.messages import Ping, Pong
+from radixmesh.natsd import NatsServer
+
+
+async def wait_connected(bus: Bus, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not bus.nc.is_connected:
+        assert time.monotonic() < deadline, "no reconnect"
+        await asyncio.sleep(0.05)
+
+
+async def test_requests_fail_fast_during_an_outage_and_work_after_it(tmp_path):
+    server = NatsServer(log_file=tmp_path / "nats.log").start()
+    server_bus = await Bus.connect(server.url, "responder")
+    client = await Bus.connect(server.url, "client")
+    try:
+        async def pong(_: Ping) -> Pong:
+            return Pong(service="s", instance="i", uptime_s=0.0)
+
+        await server_bus.subscribe("t.ping", pong, Ping)
+        await server_bus.nc.flush()
+        assert (await client.request("t.ping", Ping(), Pong)).service == "s"
+
+        server.proc.kill()
+        server.proc.wait()
+        await asyncio.sleep(0.3)  # the clients notice the closed socket
+        began = time.monotonic()
+        with pytest.raises(ServiceError) as err:
+            await client.request("t.ping", Ping(), Pong, timeout=5.0)
+        assert (err.value.code, err.value.status) == ("broker_unavailable", 503)
+        assert time.monotonic() - began < 0.5
+
+        server.start()  # the same port
+        await wait_connected(client)
+        await wait_connected(server_bus)
+        deadline = time.monotonic() + 10
+        while True:  # the responder's subscription is re-established on reconnect
+            try:
+                assert (await client.request("t.ping", Ping(), Pong, timeout=1.0)).service == "s"
+                break
+            except ServiceError:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+    finally:
+        await client.close()
+        await server_bus.close()
+        server.stop()
+
+
+async def test_concurrent_handlers_are_bounded(nats_server, subject_prefix, monkeypatch):
+    monkeypatch.setattr(Bus, "MAX_CONCURRENT", 3)
+    bus = await Bus.connect(nats_server.url, "bounded")
+    release = asyncio.Event()
+    running, peak = 0, 0
+
+    async def slow(_: Ping) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+
+    try:
+        subject = f"{subject_prefix}.slow"
+        await bus.subscribe(subject, slow, Ping, concurrent=True)
+        for _ in range(10):
+            await bus.publish(subject, Ping())
+        await bus.nc.flush()
+        await asyncio.sleep(0.3)
+        assert peak == 3 and running == 3  # the other 7 wait in the subscription
+        release.set()
+        await asyncio.sleep(0.3)
+        assert running == 0 and peak == 3
+    finally:
+        await bus.close()
