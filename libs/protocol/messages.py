@@ -75,6 +75,11 @@ class SamplingParams(Base):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # logprobs: of every output token, and of the prompt from ``logprob_start_len``
+    # (-1: no prompt logprobs); each with its ``top_logprobs_num`` likeliest tokens
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
 
 
 class EncodeRequest(Base, tag="encode.v1"):
@@ -94,6 +99,10 @@ class EncodeRequest(Base, tag="encode.v1"):
     max_new_tokens: int | None = None
     stop: list[str] = []
     skip_special_tokens: bool = True
+    # a resumed request: its detok stream starts primed with these output ids,
+    # of whose text the first ``emitted_chars`` characters reached the client
+    output_ids: list[int] = []
+    emitted_chars: int = 0
 
 
 class EncodeReply(Base, tag="encode_reply.v1"):
@@ -127,6 +136,7 @@ class RouteRequest(Base, tag="route.v1"):
 class RouteReply(Base, tag="route_reply.v1"):
     worker_id: str
     policy: str
+    predicted_ttft_s: float = 0.0  # the router's prediction for the chosen worker (0: none)
 
 
 class ReleaseRequest(Base, tag="release.v1"):
@@ -152,6 +162,7 @@ class LoadReport(Base, tag="load.v1"):
     prefill_tps: float = 0.0  # measured prefill tokens/s (0: not measured yet)
     decode_step_s: float = 0.0  # measured duration of a decode-only step
     alive: bool = True  # False: the scheduler let this worker go; route elsewhere now
+    session: str = ""  # random per adoption: a new value means earlier requests were lost
 
 
 class WorkerSummary(Base):
@@ -183,15 +194,35 @@ class SubmitRequest(Base, tag="submit.v1"):
     sampling: SamplingParams
     detok_instance: str
     cache_salt: str = ""  # prefix-cache namespace: equal tokens in two salts never share KV
+    # a resumed request (its worker died): the last ``num_output_tokens`` of
+    # input_ids are output already generated; they count toward max_new_tokens
+    num_output_tokens: int = 0
 
 
 class SubmitReply(Base, tag="submit_reply.v1"):
     queue_position: int
+    session: str = ""  # the scheduler session now driving the worker (see LoadReport.session)
 
 
 class AbortRequest(Base, tag="abort.v1"):
     rid: str
     reason: str = "abort"
+
+
+class Logprobs(Base, array_like=True):
+    """Log-probabilities of consecutive tokens of one request, from position ``start``
+    of prompt + output. ``logprobs[i]`` is log p(token_ids[i] | all before it) under
+    the model's raw distribution (no temperature); NaN at position 0, which nothing
+    predicts. ``top_ids[i]`` / ``top_logprobs[i]``: the likeliest tokens there.
+    ``tokens`` / ``top_tokens``: their text, filled in by the tokenizer."""
+
+    start: int
+    token_ids: list[int]
+    logprobs: list[float]
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+    tokens: list[str] = []
+    top_tokens: list[list[str]] = []
 
 
 class TokenDelta(Base, array_like=True):
@@ -204,6 +235,7 @@ class TokenDelta(Base, array_like=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    logprobs: Logprobs | None = None  # requests with return_logprob: tokens since the last delta
 
 
 class DetokBatch(Base, tag="detok.v1"):
@@ -299,6 +331,7 @@ class TextDelta(Base, array_like=True):
     finish_reason: str | None = None
     error: ErrorInfo | None = None
     usage: Usage | None = None
+    logprobs: Logprobs | None = None
 
 
 class GatewayBatch(Base, tag="gw_out.v1"):
@@ -358,9 +391,23 @@ class ForwardBatch(Base, tag="forward.v1"):
     extend_lens: list[int]
     input_ids: list[int]
     out_slots: list[int]
+    # logprobs (all empty: none wanted). Request i wants the next-token logprob at
+    # ``logprob_count[i]`` positions of its run from offset ``logprob_from[i]``; the
+    # target of a position is the run's next input id, and of the run's last
+    # position ``logprob_next[i]`` (-1: the token sampled this step).
+    logprob_from: list[int] = []
+    logprob_count: list[int] = []
+    logprob_next: list[int] = []
+    top_logprobs_num: list[int] = []
 
 
 class ForwardResult(Base, tag="forward_result.v1"):
     step: int
     next_token_ids: list[int]
     forward_ms: float
+    # the wanted positions in batch order; top_* flattened [positions, top_k],
+    # top_k = max(top_logprobs_num) of the batch
+    logprobs: list[float] = []
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+    top_k: int = 0

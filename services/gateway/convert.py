@@ -17,42 +17,81 @@ def check_model(model: str, accepted: frozenset[str]) -> None:
         raise ApiError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
 
 
+MAX_BATCH_PROMPTS = 64  # prompts of one /v1/completions request
+
+
 def chat_request(body: ChatCompletionRequest) -> GenerationRequest:
-    if body.logprobs or body.top_logprobs:
-        raise not_supported("logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+    if body.logprobs and body.stream:
+        raise not_supported("logprobs", " with stream")
     if body.max_tokens is not None and body.max_completion_tokens is not None \
             and body.max_tokens != body.max_completion_tokens:
         raise bad_request("max_tokens and max_completion_tokens differ", "max_completion_tokens")
     req = _sampling(body)
     req.messages = [_chat_message(m, i) for i, m in enumerate(body.messages)]
+    if body.logprobs:  # of the output tokens only
+        req.return_logprob = req.show_logprobs = True
+        req.top_logprobs_num = body.top_logprobs or 0
     if body.max_completion_tokens is not None:
         req.max_new_tokens = body.max_completion_tokens
     return req
 
 
 def completion_request(body: CompletionRequest) -> GenerationRequest:
-    if body.logprobs:
-        raise not_supported("logprobs")
-    if body.echo:
-        raise not_supported("echo")
+    """The request of a one-prompt body (a batch of several is refused here)."""
+    reqs = completion_requests(body)
+    if len(reqs) != 1:
+        raise bad_request("only one prompt per request is supported here", "prompt")
+    return reqs[0]
+
+
+def completion_requests(body: CompletionRequest) -> list[GenerationRequest]:
+    """One request per prompt: a string, a list of token ids, or a list of strings
+    (a batch, answered with one choice per prompt in order).
+
+    ``logprobs: k`` returns the output tokens' logprobs with the k likeliest tokens
+    each; with ``echo`` the prompt comes first in the text and its tokens'
+    logprobs too (the first is null). ``max_tokens: 0`` only prefills the prompt
+    (it stays in the prefix cache): with echo + logprobs, that scores a text.
+    """
     if body.suffix:
         raise not_supported("suffix")
+    if body.stream and body.echo:
+        raise not_supported("echo", " with stream")
+    if body.stream and body.logprobs is not None:
+        raise not_supported("logprobs", " with stream")
+    prompt = body.prompt
+    if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
+        prompts = [prompt]
+    elif all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise bad_request("prompt must be a string, a list of strings or a list of token ids",
+                          "prompt")
+    if len(prompts) > 1 and body.stream:
+        raise bad_request("several prompts with stream are not supported", "prompt")
+    if len(prompts) > MAX_BATCH_PROMPTS:
+        raise bad_request(f"at most {MAX_BATCH_PROMPTS} prompts per request", "prompt")
+    return [_completion(body, p) for p in prompts]
+
+
+def _completion(body: CompletionRequest, prompt) -> GenerationRequest:
     req = _sampling(body)
     req.max_new_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default
-    prompt = body.prompt
     if isinstance(prompt, str):
+        if prompt == "":
+            raise bad_request("prompt must not be empty", "prompt")
         req.text = prompt
-    elif all(isinstance(p, int) for p in prompt):
-        req.input_ids = prompt  # type: ignore[assignment]
-    elif all(isinstance(p, str) for p in prompt):
-        if len(prompt) != 1:
-            raise bad_request("only one prompt per request is supported", "prompt")
-        req.text = prompt[0]  # type: ignore[assignment]
     else:
-        raise bad_request("prompt must be a string, a list of one string or a list of token ids",
-                          "prompt")
-    if req.text == "":
-        raise bad_request("prompt must not be empty", "prompt")
+        req.input_ids = list(prompt)
+    req.echo = body.echo
+    if body.logprobs is not None or (body.echo and req.input_ids is not None):
+        # NOTE: echoing token ids needs their text: the prompt's logprob pass brings it
+        req.return_logprob = True
+        req.logprob_start_len = 0 if body.echo else -1
+        req.top_logprobs_num = body.logprobs or 0
+        req.show_logprobs = body.logprobs is not None
     return req
 
 
@@ -62,13 +101,17 @@ def generate_request(body: GenerateRequest) -> GenerationRequest:
     if body.text == "":
         raise bad_request("text must not be empty", "text")
     sp: SamplingParamsBody = body.sampling_params
+    if body.return_logprob and body.stream:
+        raise not_supported("return_logprob", " with stream")
     return GenerationRequest(
         text=body.text, input_ids=body.input_ids, add_generation_prompt=False,
         max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
         top_k=_top_k(sp.top_k, "sampling_params.top_k"), seed=sp.seed,
         stop=_stop(sp.stop), stop_token_ids=sp.stop_token_ids or [],
         ignore_eos=sp.ignore_eos, skip_special_tokens=sp.skip_special_tokens,
-        cache_salt=body.cache_salt or "",
+        cache_salt=body.cache_salt or "", return_logprob=body.return_logprob,
+        logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num,
+        show_logprobs=body.return_logprob,
     )
 
 

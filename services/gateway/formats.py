@@ -5,9 +5,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING, Sequence
+
 from libs.protocol.messages import TextDelta, Usage
 
 from .generation import Completion
+from .logprobs import chat_logprobs, legacy_logprobs, native_logprobs
+
+if TYPE_CHECKING:
+    from .pipeline import GenerationRequest
 
 
 def usage_body(usage: Usage) -> dict:
@@ -33,16 +39,42 @@ class OpenAIFormat:
     def id(self) -> str:
         return ("chatcmpl-" if self.chat else "cmpl-") + self.rid
 
-    def response(self, done: Completion) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
-                      "logprobs": None, "finish_reason": done.finish_reason}
-        else:
-            choice = {"index": 0, "text": done.text, "logprobs": None,
-                      "finish_reason": done.finish_reason}
+    def response(self, done: Completion, req: "GenerationRequest | None" = None) -> dict:
+        """The body of one finished request (``req``: echo / logprobs as it asked)."""
+        return self.batch_response([done], [req])
+
+    def batch_response(self, dones: Sequence[Completion],
+                       reqs: Sequence["GenerationRequest | None"]) -> dict:
+        """One body for several prompts: choice i answers prompt i; usage is summed."""
+        choices = [self._choice(i, d, r) for i, (d, r) in enumerate(zip(dones, reqs))]
+        usage = Usage(prompt_tokens=sum(d.usage.prompt_tokens for d in dones),
+                      completion_tokens=sum(d.usage.completion_tokens for d in dones),
+                      cached_tokens=sum(d.usage.cached_tokens for d in dones))
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice],
-                "usage": usage_body(done.usage)}
+                "created": self.created, "model": self.model, "choices": choices,
+                "usage": usage_body(usage)}
+
+    def _choice(self, index: int, done: Completion, req: "GenerationRequest | None") -> dict:
+        lp = getattr(done, "logprobs", None)
+        shown = req is not None and req.show_logprobs and lp is not None
+        if self.chat:
+            return {"index": index, "message": {"role": "assistant", "content": done.text},
+                    "logprobs": chat_logprobs(lp) if shown else None,
+                    "finish_reason": done.finish_reason}
+        text, skip = done.text, 0
+        if req is not None and req.echo:
+            prompt = done.usage.prompt_tokens
+            if req.text is not None:
+                echoed = req.text
+            elif lp is not None and lp.start == 0:
+                echoed = "".join(lp.tokens[:prompt])
+            else:
+                echoed = ""
+            text = echoed + text
+        elif lp is not None:
+            skip = max(0, done.usage.prompt_tokens - lp.start)  # only the completion's
+        body = legacy_logprobs(lp, skip, req.top_logprobs_num > 0) if shown else None
+        return {"index": index, "text": text, "logprobs": body, "finish_reason": done.finish_reason}
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False) -> dict:
         """One streamed chunk; ``text`` None gives an empty delta (the finish chunk)."""
@@ -65,9 +97,10 @@ class OpenAIFormat:
 
 
 def native_body(rid: str, text: str, output_ids: list[int], finish_reason: str | None,
-                usage: Usage) -> dict:
-    """SGLang's /generate object; streams send it cumulatively."""
-    return {
+                usage: Usage, logprobs=None) -> dict:
+    """SGLang's /generate object; streams send it cumulatively. ``logprobs`` (a
+    Logprobs) adds SGLang's input/output_token_logprobs to meta_info."""
+    body = {
         "text": text,
         "output_ids": output_ids,
         "meta_info": {
@@ -78,6 +111,9 @@ def native_body(rid: str, text: str, output_ids: list[int], finish_reason: str |
             "finish_reason": None if finish_reason is None else {"type": finish_reason},
         },
     }
+    if logprobs is not None:
+        body["meta_info"].update(native_logprobs(logprobs, usage.prompt_tokens))
+    return body
 
 
 def delta_usage(delta: TextDelta, prompt_tokens: int, completion_tokens: int) -> Usage:

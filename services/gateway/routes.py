@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from libs.protocol import ServiceError
+from libs.protocol import ServiceError, tracing
 
 from . import convert
+from .auth import Keyring, request_tenant, tenant_salt
 from .errors import ApiError, bad_request, from_validation
 from .formats import OpenAIFormat, delta_usage, native_body
 from .generation import Completion, Generation
+from .limits import NO_DEADLINE, Deadline, Limits
 from .pipeline import GenerationRequest
-from .schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingParamsBody
 from .sse import SSE_DONE, ClientGone, SSEResponse, run_until_disconnect, sse_event
 
 T = TypeVar("T")
@@ -36,8 +40,10 @@ class Submitter(Protocol):
 class GatewaySettings:
     served_model_name: str
     model_aliases: tuple[str, ...] = ()  # other names accepted in requests
-    api_key: str | None = None
+    api_key: str | None = None  # one key of tenant "default" (see keyring)
     max_body_bytes: int = 8 * 1024 * 1024
+    keyring: Keyring | None = None  # API keys -> tenants; none and no api_key: auth off
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def accepted_models(self) -> frozenset[str]:
@@ -86,6 +92,8 @@ async def read_body(request: Request, kind: type[T], limit: int) -> T:
         raise from_validation(exc) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request("request body is nested too deeply") from None
 
 
 class GenerationRoutes:
@@ -94,73 +102,146 @@ class GenerationRoutes:
     def __init__(self, pipeline: Submitter, settings: GatewaySettings) -> None:
         self.pipeline = pipeline
         self.settings = settings
+        self.limits = settings.limits
 
     async def chat_completions(self, request: Request) -> Response:
         body = await read_body(request, ChatCompletionRequest, self.settings.max_body_bytes)
         convert.check_model(body.model, self.settings.accepted_models)
-        return await self._openai(request, body, convert.chat_request(body), chat=True)
+        req = convert.chat_request(body)
+        if body.max_completion_tokens is not None:
+            req.max_new_tokens = self.limits.cap_max_tokens(body.max_completion_tokens,
+                                                            "max_completion_tokens")
+        else:
+            req.max_new_tokens = self.limits.cap_max_tokens(body.max_tokens, "max_tokens")
+        return await self._openai(request, body, req, chat=True)
 
     async def completions(self, request: Request) -> Response:
         body = await read_body(request, CompletionRequest, self.settings.max_body_bytes)
         convert.check_model(body.model, self.settings.accepted_models)
-        return await self._openai(request, body, convert.completion_request(body), chat=False)
+        reqs = convert.completion_requests(body)
+        for req in reqs:
+            req.max_new_tokens = self.limits.cap_max_tokens(body.max_tokens, "max_tokens",
+                                                            req.max_new_tokens)
+        if len(reqs) > 1:
+            return await self._openai_batch(request, body, reqs)
+        return await self._openai(request, body, reqs[0], chat=False)
 
     async def generate(self, request: Request) -> Response:
         body = await read_body(request, GenerateRequest, self.settings.max_body_bytes)
         req = convert.generate_request(body)
+        asked = body.sampling_params.max_new_tokens
+        # NOTE: the schema's default (128) cannot be told from an explicit 128: clamped
+        default = asked == _GENERATE_DEFAULT_MAX
+        req.max_new_tokens = self.limits.cap_max_tokens(
+            None if default else asked, "sampling_params.max_new_tokens",
+            asked if default else None)
+        deadline = self._prepare(request, req, body.timeout)
         if body.stream:
-            gen = await run_until_disconnect(request.receive, self.pipeline.submit(req))
-            return SSEResponse(native_events(gen), on_close=gen.close)
-        done = await run_until_disconnect(request.receive, self._complete(req))
+            gen = await run_until_disconnect(request.receive, self._submit(req, deadline))
+            return SSEResponse(native_events(gen, deadline), on_close=gen.close)
+        done = await run_until_disconnect(request.receive, deadline.run(self._complete(req)))
         return json_response(native_body(done.rid, done.text, done.token_ids,
-                                         done.finish_reason, done.usage))
+                                         done.finish_reason, done.usage, done.logprobs))
 
     async def _openai(self, request: Request, body, req: GenerationRequest, chat: bool) -> Response:
         model = self.settings.served_model_name
+        deadline = self._prepare(request, req, body.timeout)
         if body.stream:
-            gen = await run_until_disconnect(request.receive, self.pipeline.submit(req))
+            gen = await run_until_disconnect(request.receive, self._submit(req, deadline))
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             fmt = OpenAIFormat(gen.rid, model, chat, include_usage)
-            return SSEResponse(openai_events(gen, fmt), on_close=gen.close)
-        done = await run_until_disconnect(request.receive, self._complete(req))
-        return json_response(OpenAIFormat(done.rid, model, chat).response(done))
+            return SSEResponse(openai_events(gen, fmt, deadline), on_close=gen.close)
+        done = await run_until_disconnect(request.receive, deadline.run(self._complete(req)))
+        return json_response(OpenAIFormat(done.rid, model, chat).response(done, req))
+
+    async def _openai_batch(self, request: Request, body, reqs: list[GenerationRequest]) -> Response:
+        """Several prompts (non-stream): concurrent generations, choice i for prompt i."""
+        deadlines = [self._prepare(request, req, body.timeout) for req in reqs]
+        base = tracing.request_id.get() or uuid.uuid4().hex
+
+        async def one(i: int, req: GenerationRequest) -> Completion:
+            tracing.request_id.set(f"{base}-{i}")  # NOTE: task-local: one bus rid per prompt
+            return await self._complete(req)
+
+        async def complete_all() -> list[Completion]:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(one(i, req)) for i, req in enumerate(reqs)]
+            except BaseExceptionGroup as failed:  # the first failure, the others cancelled
+                raise failed.exceptions[0] from None
+            return [t.result() for t in tasks]
+
+        dones = await run_until_disconnect(request.receive, deadlines[0].run(complete_all()))
+        fmt = OpenAIFormat(base, self.settings.served_model_name, chat=False)
+        return json_response(fmt.batch_response(dones, reqs))
+
+    def _prepare(self, request: Request, req: GenerationRequest, timeout: float | None) -> Deadline:
+        """Apply what the gateway adds to every request: tenant namespace, limits."""
+        # NOTE: the one place the tenant enters the cache namespace
+        req.cache_salt = tenant_salt(request_tenant(request.scope), req.cache_salt)
+        if req.input_ids is not None:
+            self.limits.check_prompt(len(req.input_ids))
+        return self.limits.deadline(timeout)
+
+    async def _submit(self, req: GenerationRequest, deadline: Deadline) -> Generation:
+        gen = await deadline.run(self.pipeline.submit(req))
+        try:
+            self.limits.check_prompt(gen.prompt_tokens)
+        except ApiError:
+            gen.close()  # aborts it on its scheduler
+            raise
+        return gen
 
     async def _complete(self, req: GenerationRequest) -> Completion:
         gen = await self.pipeline.submit(req)
         async with gen:
+            self.limits.check_prompt(gen.prompt_tokens)
             return await gen.collect()
 
 
-async def openai_events(gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[bytes]:
-    """SSE chunks of an OpenAI stream; a failure becomes an error event."""
+_GENERATE_DEFAULT_MAX = SamplingParamsBody().max_new_tokens
+
+
+async def openai_events(gen: Generation, fmt: OpenAIFormat,
+                        deadline: Deadline = NO_DEADLINE) -> AsyncIterator[bytes]:
+    """SSE chunks of an OpenAI stream; a failure (or the deadline) becomes an error event."""
     async with gen:
         if fmt.chat:
             yield sse_event(fmt.chunk("", role=True))
         try:
-            async for delta in gen:
+            async for delta in deadline.iterate(gen):
                 if delta.text:
                     yield sse_event(fmt.chunk(delta.text))
                 if delta.finish_reason is not None:
                     yield sse_event(fmt.chunk(None, delta.finish_reason))
         except ServiceError as exc:
             yield sse_event(ApiError.from_service(exc).body())
+        except ApiError as exc:
+            yield sse_event(exc.body())
         else:
             if fmt.include_usage:
                 yield sse_event(fmt.usage_chunk(gen.final_usage()))
         yield SSE_DONE
 
 
-async def native_events(gen: Generation) -> AsyncIterator[bytes]:
+async def native_events(gen: Generation,
+                        deadline: Deadline = NO_DEADLINE) -> AsyncIterator[bytes]:
     """SGLang-style stream: each event is the cumulative /generate object."""
     async with gen:
         text = ""
         ids: list[int] = []
         try:
-            async for delta in gen:
+            async for delta in deadline.iterate(gen):
                 text += delta.text
                 ids.extend(delta.token_ids)
                 usage = delta_usage(delta, gen.prompt_tokens, len(ids))
-                yield sse_event(native_body(gen.rid, text, ids, delta.finish_reason, usage))
+                body = native_body(gen.rid, text, ids, delta.finish_reason, usage)
+                if delta.finish_reason is not None and gen.first_token_at is not None:
+                    # NOTE: the value the TTFT histogram observed, for client-side checks
+                    body["meta_info"]["ttft_s"] = gen.first_token_at - gen.started
+                yield sse_event(body)
         except ServiceError as exc:
             yield sse_event(ApiError.from_service(exc).body())
+        except ApiError as exc:
+            yield sse_event(exc.body())
         yield SSE_DONE

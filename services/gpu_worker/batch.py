@@ -42,6 +42,55 @@ class StepArrays:
         return np.cumsum(self.extend_lens) - 1
 
 
+@dataclass(frozen=True)
+class LogprobPlan:
+    """Where one step wants next-token logprobs, flattened over its positions.
+
+    ``index``: token index in the step's flat input; ``owner``: batch index of its
+    request; ``target``: the token whose logprob is wanted (-1: the token sampled
+    for ``owner`` this step). ``top_k``: likeliest tokens to list per position.
+    """
+
+    index: np.ndarray
+    owner: np.ndarray
+    target: np.ndarray
+    top_k: int
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+def parse_logprobs(batch: ForwardBatch, step: StepArrays, vocab_size: int) -> LogprobPlan | None:
+    """The logprob positions of ``batch`` (None: none wanted), vectorised; raises
+    ServiceError(invalid_request_error, 400) when they do not fit the batch."""
+    if not batch.logprob_from:
+        return None
+    b = len(step.rows)
+    start, count = _ints(batch.logprob_from, "logprob_from"), _ints(batch.logprob_count, "logprob_count")
+    nxt, top = _ints(batch.logprob_next, "logprob_next"), _ints(batch.top_logprobs_num, "top_logprobs_num")
+    _check(len(start) == b and len(count) == b and len(nxt) == b and len(top) == b,
+           "logprob_from, logprob_count, logprob_next and top_logprobs_num must hold one entry per request")
+    ext = step.extend_lens
+    _check(bool(((count == 0) | ((start >= 0) & (count > 0) & (start + count <= ext))).all()),
+           "logprob positions must lie inside each request's run")
+    _check(bool(((top >= 0) & (top <= MAX_TOP_LOGPROBS)).all()),
+           f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
+    _check(bool(((nxt >= -1) & (nxt < vocab_size)).all()), "logprob_next must be -1 or a token id")
+    total = int(count.sum())
+    owner = np.repeat(np.arange(b), count)
+    offset = np.arange(total) - (np.cumsum(count) - count)[owner] + start[owner]  # within the run
+    run_start = np.cumsum(ext) - ext
+    index = run_start[owner] + offset
+    is_last = offset + 1 == ext[owner]
+    following = np.minimum(index + 1, len(step.input_ids) - 1)
+    target = np.where(is_last, nxt[owner], step.input_ids[following])
+    top_k = int(top[count > 0].max()) if total else 0
+    return LogprobPlan(index, owner, target, top_k)
+
+
 def parse_batch(batch: ForwardBatch, lim: Limits) -> StepArrays:
     """Check every index and length; raises ServiceError(invalid_request_error, 400)."""
     rows, prefix, extend = _ints(batch.rows, "rows"), _ints(batch.prefix_lens, "prefix_lens"), _ints(

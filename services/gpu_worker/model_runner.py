@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -11,9 +11,9 @@ from libs.kernels import AttentionMetadata, KVPool, default_backend, get_backend
 from libs.protocol.messages import ForwardBatch
 from radixmesh.models import resolve_model
 
-from .batch import Limits, StepArrays, parse_batch
+from .batch import Limits, LogprobPlan, StepArrays, parse_batch, parse_logprobs
 from .model import LlamaModel
-from .sampler import Sampler
+from .sampler import Sampler, token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -27,6 +27,18 @@ class RunnerConfig:
     attention_backend: str = "auto"  # auto: torch on CPU; flashinfer, else triton, on CUDA
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+
+@dataclass
+class StepOutput:
+    """What one step produced: next tokens, and the logprobs the batch asked for
+    (``top_ids`` / ``top_logprobs`` flattened [positions, top_k])."""
+
+    next_token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+    top_k: int = 0
 
 
 class ModelRunner:
@@ -70,17 +82,41 @@ class ModelRunner:
         Raises ServiceError(invalid_request_error, 400) for an inconsistent batch,
         before touching any state.
         """
-        step, logits = self._forward(batch)
+        return self.run(batch).next_token_ids
+
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch) -> StepOutput:
+        """Like :meth:`execute`, plus the logprobs ``batch`` asks for (one
+        log_softmax over all wanted positions of the step, no per-token work)."""
+        step = parse_batch(batch, self.limits)
+        plan = parse_logprobs(batch, step, self.vocab_size)
+        extra = plan.index if plan is not None else None
+        step, logits = self._forward(batch, step, extra)
+        b = len(step.rows)
         seq_lens = torch.from_numpy(step.seq_lens).to(self.device)
-        return self.sampler.sample(logits, step.rows, seq_lens).tolist()
+        next_ids = self.sampler.sample(logits[:b], step.rows, seq_lens)
+        if plan is None or not len(plan):
+            return StepOutput(next_ids.tolist())
+        return self._logprobs(plan, logits[b:], next_ids)
+
+    def _logprobs(self, plan: LogprobPlan, logits: torch.Tensor, next_ids: torch.Tensor) -> StepOutput:
+        dev = self.device
+        target = torch.from_numpy(plan.target).to(dev)
+        owner = torch.from_numpy(plan.owner).to(dev)
+        target = torch.where(target < 0, next_ids[owner], target)
+        lp, top_ids, top_lp = token_logprobs(logits, target, plan.top_k)
+        return StepOutput(next_ids.tolist(), lp.tolist(), top_ids.reshape(-1).tolist(),
+                          top_lp.reshape(-1).tolist(), plan.top_k)
 
     @torch.inference_mode()
     def logits(self, batch: ForwardBatch) -> torch.Tensor:
         """Run ``batch`` like :meth:`execute` but return the last tokens' logits [B, vocab] (float32)."""
-        return self._forward(batch)[1]
+        return self._forward(batch, parse_batch(batch, self.limits))[1]
 
-    def _forward(self, batch: ForwardBatch) -> tuple[StepArrays, torch.Tensor]:
-        step = parse_batch(batch, self.limits)
+    def _forward(self, batch: ForwardBatch, step: StepArrays,
+                 extra: np.ndarray | None = None) -> tuple[StepArrays, torch.Tensor]:
+        """Logits of each request's last token [B, vocab], then of the tokens at
+        ``extra`` (flat token indices), in one LM-head pass."""
         self.sampler.set_rows(batch.new_rows)
         dev = self.device
         if len(step.shared_slots):
@@ -99,7 +135,7 @@ class ModelRunner:
         logits = self.model.forward(
             torch.from_numpy(step.input_ids).to(dev),
             torch.from_numpy(step.positions).to(dev),
-            torch.from_numpy(step.last_index).to(dev),
+            torch.from_numpy(_gather_index(step.last_index, extra)).to(dev),
             self.attn,
         )
         return step, logits
@@ -107,3 +143,7 @@ class ModelRunner:
     def _fill_table(self, rows: np.ndarray, positions: np.ndarray, slots: torch.Tensor) -> None:
         dev = self.device
         self.table[torch.from_numpy(rows).to(dev), torch.from_numpy(positions).to(dev)] = slots
+
+
+def _gather_index(last: np.ndarray, extra: np.ndarray | None) -> np.ndarray:
+    return last if extra is None or not len(extra) else np.concatenate([last, extra])

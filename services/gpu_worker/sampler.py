@@ -128,3 +128,23 @@ def _inverse_cdf(vals, cand, top_k, top_p, u) -> torch.Tensor:
     cdf = vals.masked_fill(drop, 0.0).cumsum(-1)
     pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=k - 1)
     return pick.squeeze(1) if cand is None else cand.gather(1, pick).squeeze(1)
+
+
+LOGPROB_CHUNK = 256  # rows of log_softmax at a time: bounds the [rows, vocab] temporaries
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, top_k: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log p(targets[i]) under softmax(logits[i]) (float32, no temperature), and the
+    ``top_k`` likeliest tokens of each row: ([M], [M, top_k] ids, [M, top_k] logprobs)."""
+    m = logits.shape[0]
+    out = torch.empty(m, dtype=torch.float32, device=logits.device)
+    top_ids = torch.empty(m, top_k, dtype=torch.int64, device=logits.device)
+    top_lp = torch.empty(m, top_k, dtype=torch.float32, device=logits.device)
+    for lo in range(0, m, LOGPROB_CHUNK):
+        hi = min(m, lo + LOGPROB_CHUNK)
+        lp = torch.log_softmax(logits[lo:hi].float(), dim=-1)
+        out[lo:hi] = lp.gather(1, targets[lo:hi, None]).squeeze(1)
+        if top_k:
+            top_lp[lo:hi], top_ids[lo:hi] = lp.topk(top_k, dim=-1)
+    return out, top_ids, top_lp

@@ -109,13 +109,15 @@ class WorkerService:
                 "radixmesh.step": msg.step, "radixmesh.batch_size": len(msg.rows),
                 "radixmesh.tokens": len(msg.input_ids),
             }):
-                next_ids = await asyncio.to_thread(self.runner.execute, msg)
+                out = await asyncio.to_thread(self.runner.run, msg)
         else:
-            next_ids = await asyncio.to_thread(self.runner.execute, msg)
+            out = await asyncio.to_thread(self.runner.run, msg)
         elapsed = time.perf_counter() - start
         prefill = bool(msg.extend_lens) and max(msg.extend_lens) > 1
         FORWARD_SECONDS.labels("prefill" if prefill else "decode").observe(elapsed)
-        return ForwardResult(step=msg.step, next_token_ids=next_ids, forward_ms=elapsed * 1e3)
+        return ForwardResult(step=msg.step, next_token_ids=out.next_token_ids, forward_ms=elapsed * 1e3,
+                             logprobs=out.logprobs, top_ids=out.top_ids,
+                             top_logprobs=out.top_logprobs, top_k=out.top_k)
 
     def _update_detail(self) -> None:
         self.detail.update(

@@ -20,13 +20,13 @@ import numpy as np
 
 from libs.protocol import errors
 from libs.protocol.messages import (
-    ErrorInfo, ForwardBatch, ForwardResult, KVEvent, KVEventBatch, KVSnapshot, SchedStats,
-    TokenDelta, WorkerInfo,
+    ErrorInfo, ForwardBatch, ForwardResult, KVEvent, KVEventBatch, KVSnapshot, Logprobs,
+    SchedStats, TokenDelta, WorkerInfo,
 )
 
 from .allocator import RowAllocator
 from .kv_cache import KVCache
-from .planner import Plan, plan_step
+from .planner import Plan, plan_step, prefix_cap
 from .request import Req
 
 
@@ -43,6 +43,9 @@ class BatcherConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     retract_interval: int = 0  # testing: retract one running request every N steps
+
+
+MAX_TOP_LOGPROBS = 20  # the worker's limit (services.gpu_worker.batch)
 
 
 class Batcher:
@@ -87,6 +90,8 @@ class Batcher:
                 f"request needs up to {total} KV slots; this worker has {self.info.kv_slots}: "
                 "lower max_tokens"
             )
+        if not 0 <= req.sampling.top_logprobs_num <= MAX_TOP_LOGPROBS:
+            raise errors.invalid_request(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
         ids = np.asarray(req.input_ids)
         if not len(ids) or ids.min() < 0 or ids.max() >= self.info.vocab_size:
             raise errors.invalid_request(f"token ids must lie in [0, {self.info.vocab_size})")
@@ -135,15 +140,21 @@ class Batcher:
     def complete(self, result: ForwardResult) -> None:
         """Apply the sampled tokens of the batch built by the last next_batch."""
         plan, self._plan = self._plan, None
-        if plan is None or len(result.next_token_ids) != len(plan.items):
+        if plan is None or len(result.next_token_ids) != len(plan.items) \
+                or len(result.logprobs) != sum(plan.lp_counts):
             raise errors.internal("worker result does not match the step it answers")
         decoded = 0
-        for (req, n), token in zip(plan.items, result.next_token_ids):
+        lp_at = np.cumsum([0, *plan.lp_counts]).tolist()
+        for i, ((req, n), token) in enumerate(zip(plan.items, result.next_token_ids)):
+            if req.lp_next >= 0 and (plan.lp_counts[i] or req.lp_next == 0):
+                self._take_logprobs(req, result, token, lp_at[i], plan.lp_counts[i])
             req.kv_len += n
             if req.aborted:
                 self._finish(req, "abort")
             elif req.kv_len < req.fill_len:
                 self.cache.cache_prefix(req)  # a prefill chunk: share it early
+            elif req.remaining_tokens <= 0:
+                self._finish(req, "length")  # max_new_tokens 0: prefill only, now cached
             else:
                 decoded += n == 1
                 self._append(req, token, prefilled=n > 1 or not req.output_ids)
@@ -208,6 +219,7 @@ class Batcher:
         req.row = self.rows.alloc()
         req.new_row = True
         self.cache.admit(req)
+        self._cap_prefix(req)
         if not req.retractions:
             req.cached_tokens = req.kv_len
             self.counters["prompt"] += req.prompt_len
@@ -221,7 +233,10 @@ class Batcher:
         if reason:
             self._finish(req, reason, [token])
             return
-        self._out.append((req.detok_instance, TokenDelta(rid=req.rid, token_ids=[token])))
+        # NOTE: cached_tokens on every delta: a stop string may end the stream before our finish
+        self._out.append((req.detok_instance, TokenDelta(rid=req.rid, token_ids=[token],
+                                                         cached_tokens=req.cached_tokens,
+                                                         logprobs=self._pop_logprobs(req))))
         if prefilled:
             self.cache.cache_prefix(req)  # the prompt is now shareable
 
@@ -262,8 +277,55 @@ class Batcher:
         self._out.append((req.detok_instance, TokenDelta(
             rid=req.rid, token_ids=tokens or [], finish_reason=reason, error=req.error,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
+            cached_tokens=req.cached_tokens, logprobs=self._pop_logprobs(req),
         )))
+
+    def _cap_prefix(self, req: Req) -> None:
+        """Start from a shorter cached prefix when the logprobs need its logits."""
+        cap = prefix_cap(req, self.config.page_size)
+        if cap is None or req.kv_len <= cap:
+            return
+        # NOTE: the lock on the deeper node stays (it covers our shorter prefix);
+        # our recomputed copies of [cap, matched) become dup_slots when cached.
+        req.slots = [req.all_slots()[:cap]] if cap else []
+        req.kv_len = req.tree_len = cap
+
+    def _take_logprobs(self, req: Req, result: ForwardResult, token: int, at: int, count: int) -> None:
+        """Append this step's logprobs of ``req`` (``count`` positions from ``at``)."""
+        if req.lp_next == 0:  # nothing predicts the first token
+            req.lp_pending = Logprobs(start=0, token_ids=[req.input_ids[0]], logprobs=[float("nan")],
+                                      top_ids=[[]], top_logprobs=[[]])
+            req.lp_next = 1
+        first = req.lp_next
+        p = req.prompt_len  # NOTE: slices, not fill(): no copy of the whole sequence per step
+        ids = (req.input_ids[first : first + count]
+               + req.output_ids[max(first - p, 0) : max(first + count - p, 0)])
+        ids += [token] * (count - len(ids))  # the last position predicted the sampled token
+        lps = result.logprobs[at : at + count]
+        top_ids = _top(result.top_ids, result.top_k, at, count, req.sampling.top_logprobs_num)
+        top_lps = _top(result.top_logprobs, result.top_k, at, count, req.sampling.top_logprobs_num)
+        pending = req.lp_pending
+        if pending is None:
+            req.lp_pending = Logprobs(start=first, token_ids=ids, logprobs=lps, top_ids=top_ids,
+                                      top_logprobs=top_lps)
+        else:
+            pending.token_ids += ids
+            pending.logprobs += lps
+            pending.top_ids += top_ids
+            pending.top_logprobs += top_lps
+        req.lp_next = first + count
+
+    @staticmethod
+    def _pop_logprobs(req: Req) -> Logprobs | None:
+        out, req.lp_pending = req.lp_pending, None
+        return out
 
     def _on_event(self, kind: str, namespace: str, hashes: list[int]) -> None:
         self._events.append(KVEvent(kind=kind, namespace=namespace, block_hashes=hashes))
+
+
+def _top(flat: list, k: int, at: int, count: int, want: int) -> list[list]:
+    """Rows ``at .. at+count`` of a flattened [positions, k] list, ``want`` columns each."""
+    if not (k and want):
+        return [[]] * count  # NOTE: never mutated: one shared empty list
+    return np.asarray(flat[at * k : (at + count) * k]).reshape(count, k)[:, :want].tolist()

@@ -30,9 +30,12 @@ class Plan:
     items: list[tuple[Req, int]] = field(default_factory=list)  # (request, tokens this step)
     slots: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     retracted: list[Req] = field(default_factory=list)
+    lp_counts: list[int] = field(default_factory=list)  # logprob positions asked, per item
 
     def to_batch(self, step: int) -> ForwardBatch:
         rows, prefix, extend, ids, new_rows = [], [], [], [], []
+        lp = [logprob_window(req, n) for req, n in self.items]
+        self.lp_counts = [w[1] for w in lp]
         for req, n in self.items:
             rows.append(req.row)
             prefix.append(req.kv_len)
@@ -48,8 +51,38 @@ class Plan:
                     top_k=req.sampling.top_k, seed=req.seed,
                     prefix_slots=req.all_slots()[: req.kv_len].tolist(),
                 ))
-        return ForwardBatch(step=step, new_rows=new_rows, rows=rows, prefix_lens=prefix,
-                            extend_lens=extend, input_ids=ids, out_slots=self.slots.tolist())
+        batch = ForwardBatch(step=step, new_rows=new_rows, rows=rows, prefix_lens=prefix,
+                             extend_lens=extend, input_ids=ids, out_slots=self.slots.tolist())
+        if any(self.lp_counts):
+            batch.logprob_from, batch.logprob_count, batch.logprob_next = map(list, zip(*lp))
+            batch.top_logprobs_num = [r.sampling.top_logprobs_num for r, _ in self.items]
+        return batch
+
+
+def logprob_window(req: Req, n: int) -> tuple[int, int, int]:
+    """(offset in the run, positions, token after the run or -1) of the next-token
+    logprobs ``req`` needs from its run of ``n`` tokens starting at ``kv_len``.
+
+    Position q predicts token q + 1; positions before ``lp_next - 1`` were reported
+    already (a retracted request computes them again), and the run's last position
+    predicts the sampled token, which is wanted unless nothing will be sampled.
+    """
+    if req.lp_next < 0:
+        return -1, 0, -1
+    k, end, fill_len = req.kv_len, req.kv_len + n, req.fill_len
+    first = max(k, req.lp_next - 1)
+    stop = end - 1 if end == fill_len and req.remaining_tokens <= 0 else end
+    if stop <= first:
+        return -1, 0, -1
+    return first - k, stop - first, req.fill()[end] if end < fill_len else -1
+
+
+def prefix_cap(req: Req, page_size: int) -> int | None:
+    """Longest cached prefix ``req`` may start from: a cached position has no logits,
+    so every position from ``lp_next - 1`` on must be computed (SGLang does the same)."""
+    if req.lp_next < 0:
+        return None
+    return max(req.lp_next - 1, 0) // page_size * page_size
 
 
 def plan_step(b: "Batcher") -> Plan:
@@ -88,6 +121,8 @@ def _admit(b: "Batcher", plan: Plan, used: int, budget: int) -> int:
         if budget <= 0 or b.rows.num_free == 0 or len(b.running) >= cfg.max_running_requests:
             break
         matched = b.cache.prefix_len(req)
+        cap = prefix_cap(req, cfg.page_size)
+        matched = matched if cap is None else min(matched, cap)
         if _shares_running_prefill(b, req, matched):
             continue  # wait one step: it will hit the prefix that is being computed
         extend = req.fill_len - matched

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libs.protocol.messages import ErrorInfo, SamplingParams
+from libs.protocol.messages import ErrorInfo, Logprobs, SamplingParams
 
 
 @dataclass(eq=False)
@@ -43,10 +43,17 @@ class Req:
     error: ErrorInfo | None = None
     aborted: bool = False
     retractions: int = 0
+    # sampling.return_logprob: the next position of prompt + output whose logprob
+    # is still to report (-1: none wanted), and those computed but not yet sent
+    lp_next: int = -1
+    lp_pending: Logprobs | None = None
 
     def __post_init__(self) -> None:
         if self.sampling.seed is not None:
             self.seed = self.sampling.seed & ((1 << 63) - 1)
+        if self.sampling.return_logprob:
+            start = self.sampling.logprob_start_len
+            self.lp_next = len(self.input_ids) if start < 0 else min(start, len(self.input_ids))
 
     @property
     def prompt_len(self) -> int:

@@ -109,9 +109,9 @@ def _check_request(req: EncodeRequest) -> None:
     given = [req.text is not None, req.messages is not None, req.input_ids is not None]
     if sum(given) != 1:
         raise errors.invalid_request("give exactly one of text, messages or input_ids")
-    if req.max_new_tokens is not None and req.max_new_tokens <= 0:
+    if req.max_new_tokens is not None and req.max_new_tokens < 0:  # 0: prefill only
         raise errors.invalid_request(
-            f"max_new_tokens must be at least 1, got {req.max_new_tokens}"
+            f"max_new_tokens must be at least 0, got {req.max_new_tokens}"
         )
     if not req.rid:
         raise errors.invalid_request("rid must not be empty")

@@ -41,7 +41,7 @@ BAD = [
     ("missing messages", "/v1/chat/completions", {"model": MODEL}, 400),
     ("messages wrong type", "/v1/chat/completions", {"model": MODEL, "messages": "hi"}, 400),
     ("empty messages", "/v1/chat/completions", {"model": MODEL, "messages": []}, 400),
-    ("max_tokens zero", "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 0}, 400),
+    ("max_tokens minus one", "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": -1}, 400),
     ("max_tokens negative", "/v1/chat/completions",
      {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": -5}, 400),
     ("temperature wrong type", "/v1/completions",

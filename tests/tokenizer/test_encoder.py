@@ -63,7 +63,7 @@ def test_input_ids_pass_through_and_budget_defaults_to_context(encoder):
     ({"messages": [ChatMessage(role="wizard", content="a")]}, "wizard"),
     ({"input_ids": [5, 49152]}, "[0, 49152)"),
     ({"input_ids": [-1]}, "[0, 49152)"),
-    ({"text": "a", "max_new_tokens": 0}, "max_new_tokens"),
+    ({"text": "a", "max_new_tokens": -1}, "max_new_tokens"),
     ({"text": "a", "max_new_tokens": -5}, "max_new_tokens"),
     ({"text": "a", "stop": ["ok", ""]}, "stop"),
 ])
