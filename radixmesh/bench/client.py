@@ -111,6 +111,7 @@ class StreamClient:
         record.completion_tokens = meta["completion_tokens"]
         record.cached_tokens = meta.get("cached_tokens") or 0
         record.finish_reason = (meta.get("finish_reason") or {}).get("type")
+        record.server_ttft_s = meta.get("ttft_s")
 
     async def _chat(self, messages: list[dict[str, str]], max_tokens: int, record: Record,
                     index: int) -> None:

@@ -16,6 +16,7 @@ from libs.protocol.messages import (
 )
 from libs.protocol.service import ServiceContext
 
+from .policies import predict_ttft
 from .prefix_index import PrefixIndex
 from .registry import Registry
 from .router import Router
@@ -78,7 +79,8 @@ class CacheIndex:
             if span.is_recording():
                 span.set_attributes(decision.attributes(self.router.policy_name))
                 span.set_attributes({"radixmesh.rid": req.rid, "radixmesh.prompt_tokens": req.num_tokens})
-        return RouteReply(worker_id=decision.chosen.worker_id, policy=self.router.policy_name)
+        return RouteReply(worker_id=decision.chosen.worker_id, policy=self.router.policy_name,
+                          predicted_ttft_s=predict_ttft(decision.chosen, req.num_tokens))
 
     async def _on_release(self, msg: ReleaseRequest) -> None:
         self.registry.release(msg.worker_id, msg.rid)

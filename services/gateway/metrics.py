@@ -65,6 +65,15 @@ class RequestMetrics:
                               "Requests routed, by routing policy and chosen worker.",
                               ["policy", "worker"], registry=r)
 
+        self.ttft_predicted = Histogram(
+            "radixmesh:ttft_predicted_seconds",
+            "The router's predicted time to first token of the chosen worker.", ["policy"],
+            buckets=TTFT_BUCKETS, registry=r)
+        self.ttft_prediction_error = Histogram(
+            "radixmesh:ttft_prediction_error_seconds",
+            "|measured - predicted| time to first token, per routing policy.", ["policy"],
+            buckets=TTFT_BUCKETS, registry=r)
+
     def routed(self, policy: str, worker: str) -> None:
         self.routes.labels(policy, worker).inc()
 
@@ -72,7 +81,12 @@ class RequestMetrics:
         self.errors.labels(code).inc()
 
     def first_token(self, gen: Generation) -> None:
-        self.ttft.observe(gen.first_token_at - gen.started)
+        ttft = gen.first_token_at - gen.started
+        self.ttft.observe(ttft)
+        if gen.predicted_ttft is not None:
+            policy, predicted = gen.predicted_ttft
+            self.ttft_predicted.labels(policy).observe(predicted)
+            self.ttft_prediction_error.labels(policy).observe(abs(ttft - predicted))
 
     def finished(self, gen: Generation) -> None:
         """A generation closed: its latency (if it produced output) and its tokens."""

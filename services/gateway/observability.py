@@ -9,12 +9,17 @@ written while the request is handled carry both ids.
 
 from __future__ import annotations
 
+import time
 import uuid
+from contextvars import ContextVar
 
 from opentelemetry import propagate, trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from libs.protocol import tracing
+
+# perf_counter() when the HTTP request reached the gateway: TTFT and latencies count from it
+request_arrival: ContextVar[float | None] = ContextVar("radixmesh_request_arrival", default=None)
 
 _tracer = trace.get_tracer("radixmesh.gateway")
 
@@ -34,6 +39,7 @@ class RequestContextMiddleware:
             return
         rid = uuid.uuid4().hex
         token = tracing.request_id.set(rid)
+        arrival = request_arrival.set(time.perf_counter())
         try:
             if scope["path"] in self.untraced:
                 await self.app(scope, receive, _with_ids(send, rid, None, []))
@@ -41,6 +47,7 @@ class RequestContextMiddleware:
                 await self._traced(scope, receive, send, rid)
         finally:
             tracing.request_id.reset(token)
+            request_arrival.reset(arrival)
 
     async def _traced(self, scope: Scope, receive: Receive, send: Send, rid: str) -> None:
         method, path = scope["method"], scope["path"]

@@ -190,6 +190,10 @@ async def test_metrics_count_the_requests(stack, client):
     cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
     assert cached > 0 and delta("sglang:cached_tokens_total") == cached
     assert delta("radixmesh:routing_decisions_total", policy="cache_aware") == n
+    # every routed request's predicted TTFT is set against the measured one
+    assert delta("radixmesh:ttft_predicted_seconds_count", policy="cache_aware") == n
+    assert delta("radixmesh:ttft_predicted_seconds_sum", policy="cache_aware") > 0
+    assert delta("radixmesh:ttft_prediction_error_seconds_count", policy="cache_aware") == n
     for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
                  "radixmesh:worker_idle_fraction"):
         assert any(k[0] == name for k in after), name
