@@ -29,8 +29,11 @@ def available_backends(device: torch.device | str = "cpu", dtype: torch.dtype | 
 
 
 def default_backend(device: torch.device | str, dtype: torch.dtype | None = None) -> str:
-    """The backend to use when none is named: cpu -> torch; cuda -> flashinfer, else triton, else torch."""
+    """The backend to use when none is named: cpu -> cpu (the C++ kernel, when it builds),
+    else torch; cuda -> flashinfer, else triton, else torch."""
     device = torch.device(device)
+    if device.type == "cpu":
+        return "cpu" if _unavailable_reason("cpu", device, dtype) is None else "torch"
     if device.type != "cuda":
         return "torch"
     for name in ("flashinfer", "triton"):

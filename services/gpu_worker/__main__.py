@@ -31,7 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-requests", type=int, default=int(env("RADIXMESH_MAX_REQUESTS", "256")))
     p.add_argument("--max-model-len", type=int, default=None, help="default: max_position_embeddings")
     p.add_argument("--attention-backend", default=env("RADIXMESH_ATTENTION_BACKEND", "auto"),
-                   help="torch | triton | flashinfer | auto (torch on CPU, best available on CUDA)")
+                   help="torch | cpu | triton | flashinfer | auto (cpu, else torch, on the CPU; "
+                        "best available on CUDA)")
     p.add_argument("--device", default=env("RADIXMESH_DEVICE", "cpu"))
     p.add_argument("--threads", type=int, default=int(env("RADIXMESH_THREADS", "0")), help="torch threads (0: torch default)")
     p.add_argument("--worker-id", default=env("RADIXMESH_WORKER_ID") or f"worker-{uuid.uuid4().hex[:8]}")

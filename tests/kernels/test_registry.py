@@ -49,7 +49,10 @@ def test_triton_on_cpu_only_in_the_interpreter():
 
 
 def test_default_backend_per_device(monkeypatch):
+    assert default_backend("cpu") == "cpu"  # the C++ kernel builds wherever g++ is (CI too)
+    monkeypatch.setenv("RADIXMESH_NO_CPU_EXT", "1")
     assert default_backend("cpu") == "torch"
+    monkeypatch.delenv("RADIXMESH_NO_CPU_EXT")
     missing: set[str] = set()
     monkeypatch.setattr(registry, "_unavailable_reason", lambda name, device, dtype: "no" if name in missing else None)
     assert default_backend("cuda") == "flashinfer"
@@ -57,6 +60,7 @@ def test_default_backend_per_device(monkeypatch):
     assert default_backend("cuda:0") == "triton"
     missing.add("triton")
     assert default_backend("cuda") == "torch"
+    missing.add("cpu")
     assert default_backend("cpu") == "torch"
 
 
