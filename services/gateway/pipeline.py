@@ -21,7 +21,7 @@ import logging
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 from opentelemetry import trace
@@ -30,56 +30,20 @@ from opentelemetry.trace import Span, StatusCode
 from libs.protocol import Bus, ServiceError, Subjects, tracing
 from libs.protocol.bus import broker_unavailable
 from libs.protocol.messages import (
-    AbortRequest, ChatMessage, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch,
-    ReleaseRequest, RouteReply, RouteRequest, SamplingParams, SubmitReply, SubmitRequest,
-    TextDelta,
+    AbortRequest, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch, ReleaseRequest,
+    RouteReply, RouteRequest, SubmitReply, SubmitRequest, TextDelta,
 )
 
 from .fallback import LoadView
 from .generation import Completion, Generation
 from .metrics import RequestMetrics
 from .observability import request_arrival
+from .request import GenerationRequest, Launched, Resume
 
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
 
 log = logging.getLogger("radixmesh.gateway.pipeline")
 _tracer = trace.get_tracer("radixmesh.gateway")
-
-
-@dataclass
-class GenerationRequest:
-    """One prompt (exactly one of text / messages / input_ids) and its sampling."""
-
-    text: str | None = None
-    messages: list[ChatMessage] | None = None
-    input_ids: list[int] | None = None
-    add_generation_prompt: bool = True
-    max_new_tokens: int | None = None  # None: up to the context length
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    cache_salt: str = ""
-    # logprobs of the output and of the prompt from logprob_start_len (-1: none)
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    # how the response shows it: the prompt echoed first; logprobs in the body
-    echo: bool = False
-    show_logprobs: bool = False
-
-    def sampling(self, max_new_tokens: int) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
-            return_logprob=self.return_logprob, logprob_start_len=self.logprob_start_len,
-            top_logprobs_num=self.top_logprobs_num,
-        )
 
 
 @dataclass(frozen=True)
@@ -185,7 +149,7 @@ class Pipeline:
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         try:
             with trace.use_span(span, end_on_exit=False):
-                run = await self._launch(rid, req, [], _Resume(seed=seed))
+                run = await self._launch(rid, req, [], Resume(seed=seed))
         except BaseException as exc:
             if self.metrics is not None and isinstance(exc, ServiceError):
                 self.metrics.failed(exc.code)
@@ -206,7 +170,7 @@ class Pipeline:
         return gen
 
     async def _launch(self, rid: str, req: GenerationRequest, exclude: list[str],
-                      resume: _Resume) -> _Launched:
+                      resume: Resume) -> Launched:
         """Encode, route (avoiding ``exclude``) and submit under ``rid``."""
         queue: asyncio.Queue[TextDelta] = asyncio.Queue()
         self._queues[rid] = queue
@@ -225,7 +189,7 @@ class Pipeline:
             self._queues.pop(rid, None)
             self._predicted.pop(rid, None)
             raise
-        return _Launched(queue, enc.input_ids, worker, enc.detok_instance, session)
+        return Launched(queue, enc.input_ids, worker, enc.detok_instance, session)
 
     async def _resubmit(self, gen: Generation, failed_worker: str, exclude: bool = True) -> None:
         """The worker (or, ``exclude`` False, only its scheduler) is gone: resume
@@ -234,7 +198,7 @@ class Pipeline:
         self._forget(gen)
         if exclude:
             gen.failed_workers.append(failed_worker)
-        resume = _Resume(seed=gen.seed, prompt_ids=gen.prompt_ids, output_ids=list(gen.output_ids),
+        resume = Resume(seed=gen.seed, prompt_ids=gen.prompt_ids, output_ids=list(gen.output_ids),
                          emitted_chars=gen.emitted_chars)
         deadline = time.monotonic() + (0.0 if exclude else self.config.resume_wait)
         while True:
@@ -279,7 +243,7 @@ class Pipeline:
         )
 
     async def _route_and_submit(self, rid: str, req: GenerationRequest, enc: EncodeReply,
-                                exclude: list[str], resume: _Resume) -> tuple[str, str]:
+                                exclude: list[str], resume: Resume) -> tuple[str, str]:
         exclude = list(exclude)
         sampling = msgspec.structs.replace(req.sampling(enc.max_new_tokens), seed=resume.seed)
         if resume.output_ids:  # NOTE: prompt logprobs went out with the first output
@@ -362,34 +326,6 @@ class Pipeline:
         _end_span(gen.span, gen.outcome, gen.error)
         if self.metrics is not None:
             self.metrics.finished(gen)
-
-
-@dataclass(frozen=True)
-class _Resume:
-    """What a submission carries over from earlier ones (none: a fresh request)."""
-
-    seed: int | None = None
-    prompt_ids: list[int] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-    emitted_chars: int = 0
-
-    def encode_request(self, fresh: EncodeRequest) -> EncodeRequest:
-        """The fresh request's encode, or for a resume: its prompt ids (no re-tokenizing)
-        and the output the new detok stream starts from."""
-        if not self.prompt_ids:
-            return fresh
-        return msgspec.structs.replace(
-            fresh, text=None, messages=None, input_ids=self.prompt_ids,
-            output_ids=self.output_ids, emitted_chars=self.emitted_chars)
-
-
-@dataclass
-class _Launched:
-    queue: asyncio.Queue[TextDelta]
-    prompt_ids: list[int]
-    worker: str
-    detok_instance: str
-    session: str
 
 
 def _tenant(req: GenerationRequest) -> str:
