@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from libs.protocol import Bus, Subjects
-from libs.protocol.messages import SchedStats, SchedStatsRequest, WorkersReply, WorkersRequest
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
+
+from .cluster import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -81,43 +81,6 @@ async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int,
                 if choice.get("finish_reason"):
                     out.finishes.append(choice["finish_reason"])
     return out
-
-
-class Cluster:
-    def __init__(self, stack: LocalStack) -> None:
-        self.stack = stack
-        self.subjects = Subjects(stack.config.subject_prefix)
-
-    async def _bus(self) -> Bus:
-        return await Bus.connect(self.stack.nats_url, "fault-test")
-
-    async def workers(self) -> list[str]:
-        bus = await self._bus()
-        try:
-            reply = await bus.request(self.subjects.index_workers(), WorkersRequest(), WorkersReply)
-            return sorted(w.worker_id for w in reply.workers)
-        finally:
-            await bus.close()
-
-    async def stats(self, worker_id: str, timeout: float = 2.0) -> SchedStats:
-        bus = await self._bus()
-        try:
-            return await bus.request(self.subjects.sched_stats(worker_id), SchedStatsRequest(),
-                                     SchedStats, timeout=timeout)
-        finally:
-            await bus.close()
-
-    async def wait_for_workers(self, n: int, timeout: float = 90) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            workers = await self.workers()
-            if len(workers) == n:
-                return workers
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"expected {n} workers, have {await self.workers()}")
-
-    def worker_proc(self, worker_id: str) -> str:
-        return next(p.name for p in self.stack.procs if worker_id in p.cmd)
 
 
 @pytest.fixture(scope="module")

@@ -12,53 +12,15 @@ import time
 import httpx
 import pytest
 
-from libs.protocol import Bus, Subjects
-from libs.protocol.messages import SchedStats, SchedStatsRequest, WorkersReply, WorkersRequest
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
+
+from .cluster import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MODEL = "SmolLM2-135M-Instruct"
 DOC = ("Section 4 of the handbook covers travel: book trains two weeks ahead, keep every "
        "receipt, and file expenses within thirty days of returning. ") * 8
-
-
-class Cluster:
-    def __init__(self, stack: LocalStack) -> None:
-        self.stack = stack
-        self.subjects = Subjects(stack.config.subject_prefix)
-
-    async def workers(self) -> list[str]:
-        bus = await Bus.connect(self.stack.nats_url, "test")
-        try:
-            reply = await bus.request(self.subjects.index_workers(), WorkersRequest(), WorkersReply)
-            return sorted(w.worker_id for w in reply.workers)
-        finally:
-            await bus.close()
-
-    async def finished(self) -> dict[str, int]:
-        bus = await Bus.connect(self.stack.nats_url, "test")
-        try:
-            out = {}
-            for wid in await self.workers():
-                stats = await bus.request(self.subjects.sched_stats(wid), SchedStatsRequest(),
-                                          SchedStats)
-                out[wid] = stats.requests_finished
-            return out
-        finally:
-            await bus.close()
-
-    async def wait_for_workers(self, n: int, timeout: float = 60) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            workers = await self.workers()
-            if len(workers) == n:
-                return workers
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"expected {n} workers, have {await self.workers()}")
-
-    def process_of(self, worker_id: str):
-        return next(p for p in self.stack.procs if worker_id in p.popen.args)
 
 
 async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict:
@@ -105,7 +67,7 @@ async def test_affinity_failover_and_join(tmp_path):
             tasks = [asyncio.create_task(stream(client, DOC + f"Q{i}: summarise.", 24))
                      for i in range(6)]
             await asyncio.sleep(1.5)
-            cluster.process_of(home).popen.kill()
+            cluster.stack.kill(cluster.worker_proc(home))
             killed = time.monotonic()
             results = await asyncio.gather(*tasks)
             assert all(r["ok"] or r["started"] for r in results), results
