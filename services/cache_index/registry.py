@@ -10,6 +10,9 @@ from libs.protocol.messages import LoadReport, WorkerSummary
 
 
 REPORT_GRACE_S = 0.1  # a report received this long after a booking already counts it
+# a released booking's pages still count as cached this long: the request's KV events
+# can reach the index after its release (a fork's held prefix, then its branches)
+RELEASE_GRACE_S = 1.0
 
 
 @dataclass
@@ -18,6 +21,7 @@ class Booking:
     expiry: float
     tokens: int  # prefill tokens the request adds to the worker's queue
     hashes: frozenset[int]  # its pages: soon cached on that worker
+    released: bool = False  # finished: no load any more, its pages only until expiry
 
 
 @dataclass
@@ -32,7 +36,8 @@ class WorkerState:
 
     def unreported(self, now: float) -> list[Booking]:
         """Bookings the last load report cannot include yet (so they add load)."""
-        return [b for b in self.live_bookings(now) if b.created > self.seen - REPORT_GRACE_S]
+        return [b for b in self.live_bookings(now)
+                if not b.released and b.created > self.seen - REPORT_GRACE_S]
 
     def inflight(self, now: float) -> int:
         return len(self.unreported(now))
@@ -78,9 +83,13 @@ class Registry:
             state.bookings[rid] = Booking(now, now + self.booking_ttl_s, tokens, hashes)
 
     def release(self, worker_id: str, rid: str) -> None:
+        """The request finished or failed: it adds no load; its pages count as cached
+        for ``RELEASE_GRACE_S`` more, until the worker's KV events have caught up."""
         state = self._workers.get(worker_id)
-        if state is not None:
-            state.bookings.pop(rid, None)
+        booking = state.bookings.get(rid) if state is not None else None
+        if booking is not None:
+            booking.released = True
+            booking.expiry = min(booking.expiry, self.clock() + RELEASE_GRACE_S)
 
     def summaries(self) -> list[WorkerSummary]:
         now = self.clock()

@@ -1,5 +1,5 @@
 from libs.protocol.messages import LoadReport
-from services.cache_index.registry import Registry
+from services.cache_index.registry import RELEASE_GRACE_S, Registry
 
 
 class Clock:
@@ -41,3 +41,18 @@ def test_bookings_count_until_released_or_expired():
     assert state.inflight(clock()) == 1
     clock.t += 3
     assert state.inflight(clock()) == 0
+
+
+def test_a_released_booking_keeps_its_pages_briefly_but_no_load():
+    """Its KV events may reach the index after the release (a fork's held prefix)."""
+    clock = Clock()
+    reg = Registry(booking_ttl_s=5.0, clock=clock)
+    reg.update(report("a"))
+    reg.book("a", "hold", tokens=64, hashes=frozenset({1, 2, 3}))
+    reg.release("a", "hold")
+    (state,) = reg.live()
+    assert state.inflight(clock()) == 0 and state.load(clock()) == 0
+    assert [b.hashes for b in state.live_bookings(clock())] == [frozenset({1, 2, 3})]
+    clock.t += RELEASE_GRACE_S + 0.01
+    assert state.live_bookings(clock()) == []
+    reg.release("a", "unknown")  # a second or unknown release is harmless
