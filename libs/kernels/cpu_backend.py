@@ -4,7 +4,8 @@ Decode rows go to the C++ kernel in ``csrc/paged_decode.cpp`` (built on first
 use, see :mod:`.cpu_ext`), which reads each request's K/V rows straight from
 the pool by slot, so no gathered copy is written and read back (the torch
 backend's gather makes paged decode ~2.5x attention over contiguous caches).
-Extend rows and K/V stores are the torch backend's.
+Extend rows, K/V stores and the per-layer routing are the torch backend's: this
+class only plans and runs the decode rows differently.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from .torch_backend import TorchAttentionBackend
 class _Decode:
     """One step's decode rows, as the kernel takes them."""
 
-    def __init__(self, meta: AttentionMetadata, idx: np.ndarray, starts: np.ndarray, every: bool) -> None:
-        self.tokens = None if every else torch.from_numpy(starts[idx])
+    def __init__(self, meta: AttentionMetadata, idx: np.ndarray, starts: np.ndarray) -> None:
+        every = len(idx) == len(meta.extend_lens)
+        self.tokens = None if every else torch.from_numpy(starts[idx])  # as the torch plan's
         self.rows = (meta.rows if every else meta.rows[torch.from_numpy(idx)]).contiguous()
         self.lens = torch.from_numpy(np.ascontiguousarray(meta.seq_lens[idx], dtype=np.int64))
         self.table = meta.slot_table.contiguous()
@@ -34,7 +36,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def __init__(self, kv, scale=None) -> None:
         super().__init__(kv, scale)
         self._kernel = cpu_ext.load()
-        self._cpu_decode: _Decode | None = None
 
     @classmethod
     def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
@@ -44,21 +45,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
             raise BackendNotAvailable(f"the cpu attention backend does not support {dtype}")
         cpu_ext.load()
 
-    def prepare(self, meta: AttentionMetadata) -> None:
-        ext = meta.extend_lens
-        decode_rows = np.flatnonzero(ext == 1)
-        if len(decode_rows) == 0:
-            self._cpu_decode = None
-            return super().prepare(meta)
-        starts = np.cumsum(ext) - ext
-        self._cpu_decode = _Decode(meta, decode_rows, starts, len(decode_rows) == len(ext))
-        self._check_slots(self._cpu_decode)
-        self._slots = meta.out_slots
-        self._decode = None  # the gather plan is not needed
-        self._extends = [
-            self._plan_extend(meta, int(i), int(starts[i]), int(ext[i]), int(meta.seq_lens[i]))
-            for i in np.flatnonzero(ext > 1)  # NOTE: a loop over prefill requests only
-        ]
+    def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray, starts: np.ndarray) -> _Decode:
+        dec = _Decode(meta, idx, starts)
+        self._check_slots(dec)
+        return dec
 
     def _check_slots(self, dec: _Decode) -> None:
         """The kernel reads slots unchecked: make sure, once per step, that each is in the pool."""
@@ -69,28 +59,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if bool(bad.any()):
             raise ValueError("slot table holds slots outside the KV pool")
 
-    def forward(self, layer, q, k, v, out=None):
-        dec = self._cpu_decode
-        if dec is None:
-            return super().forward(layer, q, k, v, out)
-        self.kv.store(layer, self._slots, k, v)
-        if dec.tokens is None and not self._extends:
-            result = self._attend(layer, q, dec)
-            if out is None:
-                return result
-            out.copy_(result)
-            return out
-        if out is None:
-            out = torch.empty_like(q)
-        if dec.tokens is None:
-            out.copy_(self._attend(layer, q, dec))
-        else:
-            out.index_copy_(0, dec.tokens, self._attend(layer, q.index_select(0, dec.tokens), dec))
-        for ext in self._extends:
-            out[ext.start : ext.start + ext.length] = self._attend_extend(layer, q, k, v, ext)
-        return out
-
-    def _attend(self, layer: int, q: torch.Tensor, dec: _Decode) -> torch.Tensor:
+    def _attend_decode(self, layer: int, q: torch.Tensor, plan: _Decode) -> torch.Tensor:
         result = self._kernel.paged_decode(q.contiguous(), self.kv.k[layer], self.kv.v[layer],
-                                           dec.table, dec.rows, dec.lens, self.scale)
+                                           plan.table, plan.rows, plan.lens, self.scale)
         return result if q.dtype == torch.float32 else result.to(q.dtype)
