@@ -53,15 +53,8 @@ def producer_span(subject: str, operation: str = "publish") -> Iterator[None]:
         if not in_trace():
             yield
             return
-        with _tracer.start_as_current_span(
-            f"{operation} {subject}",
-            kind=trace.SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": "nats",
-                "messaging.destination.name": subject,
-                "messaging.operation.type": operation,
-            },
-        ):
+        with _tracer.start_as_current_span(f"{operation} {subject}", kind=trace.SpanKind.PRODUCER,
+                                           attributes=_messaging(subject, operation)):
             yield
     except ServiceError as exc:
         metrics.bus_error(subject, exc.code)
@@ -83,15 +76,8 @@ def consumer_span(subject: str, headers: dict[str, str] | None) -> Iterator[None
         return
     token = otel_context.attach(propagate.extract(headers))
     try:
-        with _tracer.start_as_current_span(
-            f"process {subject}",
-            kind=trace.SpanKind.CONSUMER,
-            attributes={
-                "messaging.system": "nats",
-                "messaging.destination.name": subject,
-                "messaging.operation.type": "process",
-            },
-        ):
+        with _tracer.start_as_current_span(f"process {subject}", kind=trace.SpanKind.CONSUMER,
+                                           attributes=_messaging(subject, "process")):
             yield
     finally:
         otel_context.detach(token)
@@ -143,3 +129,9 @@ def install_log_context() -> None:
     """Make every log line written while a request is handled carry its request id
     and trace id (idempotent; the format string is left as it is)."""
     logging.setLogRecordFactory(_record_factory)
+
+
+def _messaging(subject: str, operation: str) -> dict[str, str]:
+    """OpenTelemetry messaging attributes of one NATS operation."""
+    return {"messaging.system": "nats", "messaging.destination.name": subject,
+            "messaging.operation.type": operation}
