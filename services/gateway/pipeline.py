@@ -49,7 +49,10 @@ _tracer = trace.get_tracer("radixmesh.gateway")
 @dataclass(frozen=True)
 class PipelineConfig:
     request_timeout: float = 600.0  # longest silence between two deltas
-    bus_timeout: float = 10.0  # encode / route / submit replies
+    bus_timeout: float = 10.0  # encode / route replies
+    # a submit is an in-memory enqueue: a scheduler silent this long died holding it
+    submit_timeout: float = 2.0
+    submit_attempts: int = 3  # an unanswered submit launches again under a fresh bus rid
     route_attempts: int = 3  # submit refused with 503 -> route again, excluding that worker
     route_timeout: float = 2.0  # past this the gateway routes by its own load view
     watch_interval: float = 0.25  # how often open requests are checked for a lost scheduler
@@ -149,7 +152,7 @@ class Pipeline:
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         try:
             with trace.use_span(span, end_on_exit=False):
-                run = await self._launch(rid, req, [], Resume(seed=seed))
+                bus_rid, run = await self._launch_fresh(rid, req, Resume(seed=seed))
         except BaseException as exc:
             if self.metrics is not None and isinstance(exc, ServiceError):
                 self.metrics.failed(exc.code)
@@ -162,12 +165,27 @@ class Pipeline:
                          self.config.request_timeout, self._finish, started=started,
                          stream_span=stream,
                          on_first_token=self.metrics.first_token if self.metrics else None)
-        gen.prompt_ids, gen.seed = run.prompt_ids, seed
-        gen.predicted_ttft = self._predicted.pop(rid, None)
+        gen.bus_rid, gen.prompt_ids, gen.seed = bus_rid, run.prompt_ids, seed
+        gen.predicted_ttft = self._predicted.pop(bus_rid, None)
         gen.detok_instance, gen.session = run.detok_instance, run.session
         gen.enable_retry(req, self._resubmit)
         self._live.add(gen)
         return gen
+
+    async def _launch_fresh(self, rid: str, req: GenerationRequest,
+                            resume: Resume) -> tuple[str, Launched]:
+        """Launch under ``rid``; a submit no scheduler answered (one that died
+        holding it) is abandoned and launched again under a fresh bus rid."""
+        bus_rid = rid
+        for attempt in range(1, self.config.submit_attempts + 1):
+            try:
+                return bus_rid, await self._launch(bus_rid, req, [], resume)
+            except ServiceError as exc:
+                if exc.code != "submit_timeout" or attempt == self.config.submit_attempts:
+                    raise
+                log.warning("request %s: %s; launching again", rid, exc.message)
+            bus_rid = uuid.uuid4().hex
+        raise AssertionError("unreachable")
 
     async def _launch(self, rid: str, req: GenerationRequest, exclude: list[str],
                       resume: Resume) -> Launched:
@@ -257,7 +275,7 @@ class Pipeline:
             worker = await self._route(rid, req, enc, exclude)
             try:
                 reply = await self.bus.request(self.subjects.sched_submit(worker), submit,
-                                               SubmitReply, self.config.bus_timeout)
+                                               SubmitReply, self.config.submit_timeout)
                 return worker, reply.session
             except BaseException as exc:
                 refused = isinstance(exc, ServiceError) and exc.code != "timeout"
@@ -265,6 +283,10 @@ class Pipeline:
                     self._publish_later(self.subjects.sched_abort(worker), AbortRequest(rid=rid))
                 self._publish_later(self.subjects.index_release(), ReleaseRequest(rid=rid, worker_id=worker))
                 exclude.append(worker)
+                if isinstance(exc, ServiceError) and exc.code == "timeout":
+                    raise ServiceError("submit_timeout", f"the scheduler of worker {worker} did not "
+                                       f"accept request {rid} within {self.config.submit_timeout:g}s",
+                                       503) from None
                 if not (refused and exc.status == 503 and len(exclude) < self.config.route_attempts):
                     raise
 

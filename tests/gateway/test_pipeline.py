@@ -135,6 +135,35 @@ async def test_all_workers_overloaded_gives_503(played, pipeline):
     await played.wait_for(played.detok_releases)
 
 
+async def test_unanswered_submit_launches_again_under_a_fresh_rid(played, pipeline):
+    """A scheduler that dies holding the submit: after ``submit_timeout`` the
+    request is abandoned there (abort + release) and launched again."""
+    played.silent_submits = 1
+    pipeline.config = PipelineConfig(request_timeout=2.0, submit_timeout=0.3)
+    gen = await pipeline.submit(GenerationRequest(text="x"))
+    async with gen:
+        done = await gen.collect()
+    assert done.text == "w0 w1 w2 w3 "
+    first, second = played.submits
+    assert first.rid == gen.rid != second.rid == gen.bus_rid
+    assert [e.rid for e in played.encodes] == [first.rid, second.rid]
+    await pipeline.drain()
+    await played.wait_for(played.aborts)
+    await played.wait_for(played.detok_releases)
+    assert [a.rid for a in played.aborts] == [first.rid]
+    assert played.detok_releases[0].rids == [first.rid]
+
+
+async def test_submit_never_answered_gives_503(played, pipeline):
+    played.silent_submits = 10
+    pipeline.config = PipelineConfig(submit_timeout=0.2, submit_attempts=2)
+    with pytest.raises(ServiceError) as err:
+        await pipeline.submit(GenerationRequest(text="x"))
+    assert (err.value.code, err.value.status) == ("submit_timeout", 503)
+    assert len(played.submits) == 2 and pipeline.open_requests == 0
+    await played.wait_for(played.aborts, 2)
+
+
 async def test_no_tokenizer_is_unavailable(pipeline):
     with pytest.raises(ServiceError) as err:
         await pipeline.submit(GenerationRequest(text="x"))
