@@ -23,21 +23,20 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import msgspec
 from opentelemetry import trace
 from opentelemetry.trace import Span, StatusCode
 
 from libs.protocol import Bus, ServiceError, Subjects, tracing
 from libs.protocol.bus import broker_unavailable
 from libs.protocol.messages import (
-    AbortRequest, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch, ReleaseRequest,
-    RouteReply, RouteRequest, SubmitReply, SubmitRequest, TextDelta,
+    AbortRequest, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch, ReleaseRequest, TextDelta,
 )
 
 from .fallback import LoadView
 from .generation import Completion, Generation
 from .metrics import RequestMetrics
 from .observability import request_arrival
+from .placement import Placement
 from .request import GenerationRequest, Launched, Resume
 
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
@@ -70,17 +69,23 @@ class Pipeline:
         self.subjects = subjects
         self.instance = instance
         self.model = model
-        self.config = config
+        self.placement = Placement(bus, subjects, model, config, metrics, self._publish_later)
         # NOTE: every rid in here has exactly one live Generation (or a submit in
         # progress); it is removed synchronously when that ends, so none leak.
         self._queues: dict[str, asyncio.Queue[TextDelta]] = {}
-        # the router's (policy, predicted TTFT) per rid between routing and submit's return
-        self._predicted: dict[str, tuple[str, float]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._live: set[Generation] = set()  # open generations, for the watchdog
         self._watchdog: asyncio.Task | None = None
         self._sub = None
         self.loads: LoadView | None = None
+
+    @property
+    def config(self) -> PipelineConfig:
+        return self.placement.config
+
+    @config.setter
+    def config(self, config: PipelineConfig) -> None:
+        self.placement.config = config
 
     @property
     def open_requests(self) -> int:
@@ -91,7 +96,7 @@ class Pipeline:
         self._sub = await self.bus.subscribe(
             self.subjects.gateway_out(self.instance), self._dispatch, GatewayBatch
         )
-        self.loads = LoadView()
+        self.loads = self.placement.loads = LoadView()
         await self.loads.start(self.bus, self.subjects)
         self._watchdog = asyncio.create_task(self._watch(), name="gateway-watchdog")
 
@@ -166,7 +171,7 @@ class Pipeline:
                          stream_span=stream,
                          on_first_token=self.metrics.first_token if self.metrics else None)
         gen.bus_rid, gen.prompt_ids, gen.seed = bus_rid, run.prompt_ids, seed
-        gen.predicted_ttft = self._predicted.pop(bus_rid, None)
+        gen.predicted_ttft = self.placement.predicted.pop(bus_rid, None)
         gen.detok_instance, gen.session = run.detok_instance, run.session
         gen.enable_retry(req, self._resubmit)
         self._live.add(gen)
@@ -198,14 +203,14 @@ class Pipeline:
                 EncodeReply, self.config.bus_timeout,
             )
             try:
-                worker, session = await self._route_and_submit(rid, req, enc, exclude, resume)
+                worker, session = await self.placement.place(rid, req, enc, exclude, resume)
             except BaseException:
                 self._publish_later(self.subjects.tokenizer_detok(enc.detok_instance),
                                     DetokRelease(rids=[rid]))
                 raise
         except BaseException:
             self._queues.pop(rid, None)
-            self._predicted.pop(rid, None)
+            self.placement.predicted.pop(rid, None)
             raise
         return Launched(queue, enc.input_ids, worker, enc.detok_instance, session)
 
@@ -234,7 +239,7 @@ class Pipeline:
                 raise ServiceError("no_worker", f"worker {failed_worker} was lost and no other "
                                    f"worker could resume request {gen.rid}: {exc.message}",
                                    503) from None
-        self._predicted.pop(rid, None)  # NOTE: only a first submission's TTFT is predicted
+        self.placement.predicted.pop(rid, None)  # NOTE: only a first submission's TTFT is predicted
         log.warning("request %s moved from %s to %s after %d tokens", gen.rid, failed_worker,
                     run.worker, len(gen.output_ids))
         gen.span.add_event("moved", {"radixmesh.from_worker": failed_worker,
@@ -259,61 +264,6 @@ class Pipeline:
             max_new_tokens=req.max_new_tokens, stop=req.stop,
             skip_special_tokens=req.skip_special_tokens,
         )
-
-    async def _route_and_submit(self, rid: str, req: GenerationRequest, enc: EncodeReply,
-                                exclude: list[str], resume: Resume) -> tuple[str, str]:
-        exclude = list(exclude)
-        sampling = msgspec.structs.replace(req.sampling(enc.max_new_tokens), seed=resume.seed)
-        if resume.output_ids:  # NOTE: prompt logprobs went out with the first output
-            sampling = msgspec.structs.replace(sampling, logprob_start_len=-1)
-        submit = SubmitRequest(
-            rid=rid, input_ids=enc.input_ids + resume.output_ids, sampling=sampling,
-            detok_instance=enc.detok_instance, cache_salt=req.cache_salt,
-            num_output_tokens=len(resume.output_ids),
-        )
-        while True:
-            worker = await self._route(rid, req, enc, exclude)
-            try:
-                reply = await self.bus.request(self.subjects.sched_submit(worker), submit,
-                                               SubmitReply, self.config.submit_timeout)
-                return worker, reply.session
-            except BaseException as exc:
-                refused = isinstance(exc, ServiceError) and exc.code != "timeout"
-                if not refused:  # the scheduler may hold it: make sure it lets go
-                    self._publish_later(self.subjects.sched_abort(worker), AbortRequest(rid=rid))
-                self._publish_later(self.subjects.index_release(), ReleaseRequest(rid=rid, worker_id=worker))
-                exclude.append(worker)
-                if isinstance(exc, ServiceError) and exc.code == "timeout":
-                    raise ServiceError("submit_timeout", f"the scheduler of worker {worker} did not "
-                                       f"accept request {rid} within {self.config.submit_timeout:g}s",
-                                       503) from None
-                if not (refused and exc.status == 503 and len(exclude) < self.config.route_attempts):
-                    raise
-
-    async def _route(self, rid: str, req: GenerationRequest, enc: EncodeReply,
-                     exclude: list[str]) -> str:
-        """Ask the cache index; if it cannot answer, pick from our own load view."""
-        route = RouteRequest(rid=rid, model=self.model, num_tokens=len(enc.input_ids),
-                             exclude=exclude, input_ids=enc.input_ids, cache_salt=req.cache_salt)
-        try:
-            reply = await self.bus.request(self.subjects.index_route(), route, RouteReply,
-                                           self.config.route_timeout)
-            if self.metrics is not None:
-                self.metrics.routed(reply.policy, reply.worker_id)
-            if reply.predicted_ttft_s > 0:
-                self._predicted[rid] = (reply.policy, reply.predicted_ttft_s)
-            return reply.worker_id
-        except ServiceError as exc:
-            if exc.code not in ("service_unavailable", "timeout") or self.loads is None:
-                raise
-            worker = self.loads.pick(self.model, exclude)
-            if worker is None:
-                raise
-            log.warning("cache index unavailable (%s): routed %s to least-loaded %s",
-                        exc.message, rid, worker)
-            if self.metrics is not None:
-                self.metrics.routed("gateway_fallback", worker)
-            return worker
 
     def _publish_later(self, subject: str, msg) -> None:
         """Publish from a task of its own, so cancellation of the caller cannot lose it."""
