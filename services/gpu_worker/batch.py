@@ -32,6 +32,7 @@ class StepArrays:
     shared_rows: np.ndarray  # new rows starting from cached KV: table[row, pos] = slot
     shared_positions: np.ndarray
     shared_slots: np.ndarray
+    future: np.ndarray  # token indices whose id is -1: the row's token sampled last step
 
     @property
     def seq_lens(self) -> np.ndarray:
@@ -106,7 +107,8 @@ def parse_batch(batch: ForwardBatch, lim: Limits) -> StepArrays:
     _check(int(seq.max()) <= lim.max_model_len, f"sequence longer than max_model_len {lim.max_model_len}")
     t = int(extend.sum())
     _check(len(ids) == t and len(slots) == t, f"input_ids/out_slots must hold sum(extend_lens)={t} entries")
-    _check(_within(ids, lim.vocab_size), f"token id out of range [0, {lim.vocab_size})")
+    _check(_within(ids + 1, lim.vocab_size + 1), f"token id out of range [0, {lim.vocab_size}) "
+           "(or -1: the row's last sampled token)")
     _check(_within(slots, lim.kv_slots) and len(np.unique(slots)) == t, "out_slots out of range or repeated")
     _check_new_rows(batch.new_rows, lim.max_requests)
     shared = _prefix_slots(batch.new_rows, lim)
@@ -116,7 +118,22 @@ def parse_batch(batch: ForwardBatch, lim: Limits) -> StepArrays:
         owner = np.repeat(np.arange(b), extend)
         token_rows = rows[owner]
         positions = np.arange(t) - (np.cumsum(extend) - extend)[owner] + prefix[owner]
-    return StepArrays(rows, prefix, extend, ids, slots, token_rows, positions, *shared)
+    future = np.flatnonzero(ids < 0)
+    if len(future):
+        _check_future(future, token_rows, positions, prefix, extend, batch.new_rows)
+    return StepArrays(rows, prefix, extend, ids, slots, token_rows, positions, *shared, future)
+
+
+def _check_future(future: np.ndarray, token_rows: np.ndarray, positions: np.ndarray,
+                  prefix: np.ndarray, extend: np.ndarray, new_rows: list[NewRow]) -> None:
+    """A -1 input id continues a running row: a one-token run after its prefix."""
+    runs = np.searchsorted(np.cumsum(extend), future, side="right")
+    _check(bool((extend[runs] == 1).all() and (positions[future] == prefix[runs]).all()
+                and (prefix[runs] > 0).all()),
+           "input id -1 (the last sampled token) only as the one token of a decode run")
+    fresh = {r.row for r in new_rows}
+    _check(not fresh.intersection(token_rows[future].tolist()),
+           "input id -1 on a new row: it has sampled nothing yet")
 
 
 def _prefix_slots(new_rows: list[NewRow], lim: Limits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

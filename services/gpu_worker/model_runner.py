@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from libs.kernels import AttentionMetadata, KVPool, default_backend, get_backend
+from libs.protocol.errors import invalid_request
 from libs.protocol.messages import ForwardBatch
 from radixmesh.models import resolve_model
 
@@ -65,6 +66,10 @@ class ModelRunner:
         # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]
         self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)
         self.sampler = Sampler(config.max_requests, mc.vocab_size, self.device)
+        # NOTE: each row's last sampled token and its step: a step sent before the
+        # previous one's result reads its input from here (input id -1)
+        self.last_tokens = torch.zeros(config.max_requests, dtype=torch.int64, device=self.device)
+        self.sampled_step = np.full(config.max_requests, -2, dtype=np.int64)
         self.limits = Limits(config.max_requests, self.max_model_len, config.kv_slots, mc.vocab_size)
 
     @property
@@ -95,6 +100,8 @@ class ModelRunner:
         b = len(step.rows)
         seq_lens = torch.from_numpy(step.seq_lens).to(self.device)
         next_ids = self.sampler.sample(logits[:b], step.rows, seq_lens)
+        self.last_tokens[torch.from_numpy(step.rows).to(self.device)] = next_ids
+        self.sampled_step[step.rows] = batch.step
         if plan is None or not len(plan):
             return StepOutput(next_ids.tolist())
         return self._logprobs(plan, logits[b:], next_ids)
@@ -117,7 +124,9 @@ class ModelRunner:
                  extra: np.ndarray | None = None) -> tuple[StepArrays, torch.Tensor]:
         """Logits of each request's last token [B, vocab], then of the tokens at
         ``extra`` (flat token indices), in one LM-head pass."""
+        ids = self._input_ids(batch, step)
         self.sampler.set_rows(batch.new_rows)
+        self.sampled_step[[r.row for r in batch.new_rows]] = -2
         dev = self.device
         if len(step.shared_slots):
             self._fill_table(step.shared_rows, step.shared_positions, torch.from_numpy(step.shared_slots).to(dev))
@@ -133,12 +142,27 @@ class ModelRunner:
             )
         )
         logits = self.model.forward(
-            torch.from_numpy(step.input_ids).to(dev),
+            ids,
             torch.from_numpy(step.positions).to(dev),
             torch.from_numpy(_gather_index(step.last_index, extra)).to(dev),
             self.attn,
         )
         return step, logits
+
+    def _input_ids(self, batch: ForwardBatch, step: StepArrays) -> torch.Tensor:
+        """The step's token ids on the device, -1s replaced by the rows' last
+        sampled tokens; raises 400 unless each such row sampled in the step just
+        before (steps sent ahead must arrive in order)."""
+        ids = torch.from_numpy(step.input_ids).to(self.device)
+        if not len(step.future):
+            return ids
+        rows = step.token_rows[step.future]
+        if not (self.sampled_step[rows] == batch.step - 1).all():
+            raise invalid_request(f"step {batch.step}: input id -1 on a row that did not "
+                                  f"sample in step {batch.step - 1}")
+        index = torch.from_numpy(step.future).to(self.device)
+        ids[index] = self.last_tokens[torch.from_numpy(rows).to(self.device)]
+        return ids
 
     def _fill_table(self, rows: np.ndarray, positions: np.ndarray, slots: torch.Tensor) -> None:
         dev = self.device

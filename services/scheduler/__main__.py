@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=16,
                    help="prefix-cache granularity: matches and KV events are per page")
     p.add_argument("--eviction-policy", choices=["lru", "lfu"], default="lru")
+    p.add_argument("--disable-overlap-schedule", action="store_true",
+                   default=env("RADIXMESH_DISABLE_OVERLAP_SCHEDULE", "") not in ("", "0"),
+                   help="wait for each step's result before planning the next")
     p.add_argument("--retract-interval", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--max-workers", type=int, default=0, help="0: adopt every free worker")
     p.add_argument("--lease-s", type=float, default=5.0)
@@ -52,6 +55,7 @@ def build_config(args: argparse.Namespace) -> SchedulerConfig:
             page_size=args.page_size,
             eviction_policy=args.eviction_policy,
             retract_interval=args.retract_interval,
+            overlap=not args.disable_overlap_schedule,
         ),
         max_workers=args.max_workers, lease_s=args.lease_s,
         forward_timeout=args.forward_timeout,

@@ -7,6 +7,10 @@ decodes. A request starts from its cached prefix (radix tree) and only
 computes the rest. Admission budgets free + evictable slots against the
 expected growth of running requests; if decode still runs short, requests are
 retracted to the queue and later resume with the same output.
+
+Overlap: ``next_batch`` may be called again before the last step's result
+(``complete``) arrives; that step is then planned ahead (see planner.py), and
+results are applied in the order the steps were built.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class BatcherConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     retract_interval: int = 0  # testing: retract one running request every N steps
+    overlap: bool = True  # plan and send step N+1 while the worker runs step N
 
 
 MAX_TOP_LOGPROBS = 20  # the worker's limit (services.gpu_worker.batch)
@@ -64,7 +69,9 @@ class Batcher:
         self.new_token_ratio = config.init_new_token_ratio
         self._by_rid: dict[str, Req] = {}
         self._out: list[tuple[str, TokenDelta]] = []
-        self._plan: Plan | None = None
+        self._inflight: deque[Plan] = deque()  # steps built, results not yet applied
+        self.last_plan: Plan | None = None
+        self.needs_result = False  # the last next_batch waits for the step in flight
         self.steps = 0
         self.counters: Counter[str] = Counter()
         self.batch_sizes: Counter[int] = Counter()
@@ -122,36 +129,62 @@ class Batcher:
     # -- one step ---------------------------------------------------------------
 
     def next_batch(self) -> ForwardBatch | None:
-        """Plan the step (retract, admit, allocate) and build its ForwardBatch."""
+        """Plan the step (retract, admit, allocate) and build its ForwardBatch;
+        with steps in flight it is planned ahead of their results. None: nothing
+        to run now (``needs_result``: not before the step in flight is applied)."""
         self._reap_aborted()
-        plan = plan_step(self)
+        plan = plan_step(self, ahead=bool(self._inflight))
+        self.needs_result = plan.sync
         if not plan.items:
             return None
-        self._plan = plan
         self.steps += 1
         self.batch_sizes[len(plan.items)] += 1
-        return plan.to_batch(self.steps)
+        batch = plan.to_batch(self.steps)
+        self._launch(plan)
+        self._inflight.append(plan)
+        self.last_plan = plan
+        return batch
 
     @property
-    def plan(self) -> Plan | None:
-        """The step in flight: built by next_batch, applied by complete."""
-        return self._plan
+    def in_flight(self) -> int:
+        """Steps built whose results have not been applied."""
+        return len(self._inflight)
+
+    def _launch(self, plan: Plan) -> None:
+        """The step is sent: its KV positions count as written (later steps run
+        after it), its sampled tokens as ``ahead``, its logprobs as reported."""
+        for (req, n), (_, count, _) in zip(plan.items, plan.lp_windows):
+            take = req.lp_next >= 0 and (count > 0 or req.lp_next == 0)
+            plan.lp_zero.append(take and req.lp_next == 0)  # nothing predicts token 0
+            plan.lp_first.append(max(req.lp_next, 1) if take else -1)
+            if take:
+                req.lp_next = plan.lp_first[-1] + count
+            req.kv_len += n
+            samples = req.kv_len >= req.fill_len + req.ahead
+            plan.samples.append(samples)
+            req.ahead += samples
+            req.inflight += 1
 
     def complete(self, result: ForwardResult) -> None:
-        """Apply the sampled tokens of the batch built by the last next_batch."""
-        plan, self._plan = self._plan, None
+        """Apply the sampled tokens of the oldest step in flight."""
+        plan = self._inflight.popleft() if self._inflight else None
         if plan is None or len(result.next_token_ids) != len(plan.items) \
                 or len(result.logprobs) != sum(plan.lp_counts):
             raise errors.internal("worker result does not match the step it answers")
         decoded = 0
         lp_at = np.cumsum([0, *plan.lp_counts]).tolist()
         for i, ((req, n), token) in enumerate(zip(plan.items, result.next_token_ids)):
-            if req.lp_next >= 0 and (plan.lp_counts[i] or req.lp_next == 0):
-                self._take_logprobs(req, result, token, lp_at[i], plan.lp_counts[i])
-            req.kv_len += n
+            samples = plan.samples[i]
+            req.inflight -= 1
+            req.ahead -= samples
+            if req.finish_reason is not None:
+                continue  # it ended while this step ran (a stop, an abort): token dropped
+            if plan.lp_first[i] >= 0:
+                self._take_logprobs(req, result, token, lp_at[i], plan.lp_counts[i],
+                                    plan.lp_first[i], plan.lp_zero[i])
             if req.aborted:
                 self._finish(req, "abort")
-            elif req.kv_len < req.fill_len:
+            elif not samples:
                 self.cache.cache_prefix(req)  # a prefill chunk: share it early
             elif req.remaining_tokens <= 0:
                 self._finish(req, "length")  # max_new_tokens 0: prefill only, now cached
@@ -170,7 +203,7 @@ class Batcher:
             self._finish(req, "error")
         self.waiting.clear()
         self.running = []
-        self._plan = None
+        self._inflight.clear()
 
     def take_deltas(self) -> list[tuple[str, TokenDelta]]:
         """(detok instance, delta) pairs produced since the last call."""
@@ -290,13 +323,13 @@ class Batcher:
         req.slots = [req.all_slots()[:cap]] if cap else []
         req.kv_len = req.tree_len = cap
 
-    def _take_logprobs(self, req: Req, result: ForwardResult, token: int, at: int, count: int) -> None:
-        """Append this step's logprobs of ``req`` (``count`` positions from ``at``)."""
-        if req.lp_next == 0:  # nothing predicts the first token
+    def _take_logprobs(self, req: Req, result: ForwardResult, token: int, at: int, count: int,
+                       first: int, zero: bool) -> None:
+        """Append this step's logprobs of ``req``: ``count`` positions of the result
+        from ``at``, for its tokens from index ``first`` (``zero``: token 0 first)."""
+        if zero:  # nothing predicts the first token
             req.lp_pending = Logprobs(start=0, token_ids=[req.input_ids[0]], logprobs=[float("nan")],
                                       top_ids=[[]], top_logprobs=[[]])
-            req.lp_next = 1
-        first = req.lp_next
         p = req.prompt_len  # NOTE: slices, not fill(): no copy of the whole sequence per step
         ids = (req.input_ids[first : first + count]
                + req.output_ids[max(first - p, 0) : max(first + count - p, 0)])
@@ -313,7 +346,6 @@ class Batcher:
             pending.logprobs += lps
             pending.top_ids += top_ids
             pending.top_logprobs += top_lps
-        req.lp_next = first + count
 
     @staticmethod
     def _pop_logprobs(req: Req) -> Logprobs | None:

@@ -63,13 +63,14 @@ class KVCache:
         """Put ``req``'s computed KV into the tree (it keeps running on it)."""
         if not self.tree:
             return
-        existing, node = self.tree.insert(req.namespace, req.fill()[: req.kv_len],
-                                          req.all_slots())
+        # NOTE: with steps in flight kv_len may run past the tokens known so far
+        n = min(req.kv_len, req.fill_len)
+        existing, node = self.tree.insert(req.namespace, req.fill()[:n], req.all_slots()[:n])
         if existing > req.tree_len:
             # NOTE: another request cached these tokens meanwhile; ours stay in the
             # worker's table for this request and are freed when it ends.
             req.dup_slots.append(req.all_slots()[req.tree_len : existing].copy())
-        aligned = req.kv_len // self.tree.page_size * self.tree.page_size
+        aligned = n // self.tree.page_size * self.tree.page_size
         req.tree_len = max(req.tree_len, aligned)
         self.tree.lock(node)
         if req.lock_node is not None:
@@ -81,7 +82,8 @@ class KVCache:
         slots = req.all_slots()
         if self.tree and cache and req.kv_len:
             self.cache_prefix(req)
-        tail = slots[req.tree_len : req.kv_len] if self.tree else slots[: req.kv_len]
+        # NOTE: every slot past the cached part, those of steps still in flight too
+        tail = slots[req.tree_len :] if self.tree else slots
         for part in [tail, *req.dup_slots]:
             if len(part):
                 self.allocator.free(part)

@@ -4,6 +4,11 @@ Token budget per step = ``chunked_prefill_size`` prefill tokens (decodes are
 extra). A request is admitted only if available KV (free + evictable) covers
 its uncached prompt plus its expected output (remaining x new_token_ratio) on
 top of the expected growth of everything already running.
+
+Planned ahead (a step still in flight, the overlap schedule), a decode reads
+the token the step in flight samples (-1 on the wire); requests whose tokens in
+flight end them are left out, and a step that would have to retract is not
+planned ahead at all (``Plan.sync``): it waits for the result.
 """
 
 from __future__ import annotations
@@ -30,18 +35,29 @@ class Plan:
     items: list[tuple[Req, int]] = field(default_factory=list)  # (request, tokens this step)
     slots: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     retracted: list[Req] = field(default_factory=list)
+    sync: bool = False  # planned ahead, it would retract: plan it after the result
+    decodes: list[bool] = field(default_factory=list)  # per item: a decode (else prefill)
+    prefix_lens: list[int] = field(default_factory=list)  # per item, when built
     lp_counts: list[int] = field(default_factory=list)  # logprob positions asked, per item
+    lp_windows: list[tuple[int, int, int]] = field(default_factory=list)  # logprob_window per item
+    # set when sent: does the item sample a token; first token index of its logprobs
+    # (-1: none) and whether it opens them with the unpredicted first token
+    samples: list[bool] = field(default_factory=list)
+    lp_first: list[int] = field(default_factory=list)
+    lp_zero: list[bool] = field(default_factory=list)
 
     def to_batch(self, step: int) -> ForwardBatch:
         rows, prefix, extend, ids, new_rows = [], [], [], [], []
-        lp = [logprob_window(req, n) for req, n in self.items]
+        lp = self.lp_windows = [logprob_window(req, n) for req, n in self.items]
         self.lp_counts = [w[1] for w in lp]
-        for req, n in self.items:
+        self.decodes = [req.decoding for req, _ in self.items]
+        self.prefix_lens = prefix
+        for (req, n), decoding in zip(self.items, self.decodes):
             rows.append(req.row)
             prefix.append(req.kv_len)
             extend.append(n)
-            if req.decoding:
-                ids.append(req.output_ids[-1])
+            if decoding:
+                ids.append(-1 if req.ahead else req.output_ids[-1])
             else:
                 ids.extend(req.fill()[req.kv_len : req.kv_len + n])
             if req.new_row:
@@ -66,12 +82,15 @@ def logprob_window(req: Req, n: int) -> tuple[int, int, int]:
     Position q predicts token q + 1; positions before ``lp_next - 1`` were reported
     already (a retracted request computes them again), and the run's last position
     predicts the sampled token, which is wanted unless nothing will be sampled.
+    NOTE: ``kv_len`` and ``lp_next`` already count the steps in flight, whose
+    sampled tokens (``ahead``) are not in ``fill`` yet.
     """
     if req.lp_next < 0:
         return -1, 0, -1
     k, end, fill_len = req.kv_len, req.kv_len + n, req.fill_len
     first = max(k, req.lp_next - 1)
-    stop = end - 1 if end == fill_len and req.remaining_tokens <= 0 else end
+    last = end == fill_len + req.ahead and req.remaining_tokens <= req.ahead
+    stop = end - 1 if last else end
     if stop <= first:
         return -1, 0, -1
     return first - k, stop - first, req.fill()[end] if end < fill_len else -1
@@ -85,14 +104,19 @@ def prefix_cap(req: Req, page_size: int) -> int | None:
     return max(req.lp_next - 1, 0) // page_size * page_size
 
 
-def plan_step(b: "Batcher") -> Plan:
+def plan_step(b: "Batcher", ahead: bool = False) -> Plan:
+    """The next step; ``ahead``: a step is still in flight."""
     plan = Plan()
     cfg = b.config
-    if cfg.retract_interval and b.steps and b.steps % cfg.retract_interval == 0:
-        decoding = [r for r in b.running if r.decoding]
-        if len(decoding) > 1:
-            _retract(b, plan, _victims(decoding)[0])
-    decode = [r for r in b.running if r.decoding]
+    max_len = b.info.max_model_len
+    decode = [r for r in b.running if r.decoding and not r.ends_in_flight(max_len)]
+    forced = bool(cfg.retract_interval and b.steps and b.steps % cfg.retract_interval == 0)
+    if ahead and (forced or (decode and b.cache.available < len(decode))):
+        plan.sync = True
+        return plan
+    if forced and len(decode) > 1:
+        _retract(b, plan, _victims(decode)[0])
+        decode = [r for r in b.running if r.decoding]
     while decode and b.cache.available < len(decode) and len(b.running) > 1:
         victim = _victims(b.running)[0]
         _retract(b, plan, victim)

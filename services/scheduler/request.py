@@ -10,6 +10,13 @@ KV positions of a request, and who owns their slots::
 
 ``fill`` is prompt + output so far: a retracted request resumes by prefilling
 it again (mostly from the cache) and continues with the same output.
+
+NOTE: ``kv_len`` counts positions whose K/V a step already SENT will write
+(the worker runs steps in order, so a later step may read them). With the
+overlap schedule, step N+1 is planned before N's result arrives: ``ahead``
+counts tokens sampled by steps in flight and not yet in ``output_ids``, so a
+decoding request has ``kv_len == fill_len - 1 + ahead``, and its next input is
+the worker's own last sampled token for the row (-1 on the wire).
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ class Req:
     # is still to report (-1: none wanted), and those computed but not yet sent
     lp_next: int = -1
     lp_pending: Logprobs | None = None
+    ahead: int = 0  # tokens sampled by steps in flight, not yet in output_ids
+    inflight: int = 0  # steps in flight that carry this request
 
     def __post_init__(self) -> None:
         if self.sampling.seed is not None:
@@ -69,7 +78,12 @@ class Req:
     @property
     def decoding(self) -> bool:
         """Everything but the last sampled token is in KV: the next step decodes."""
-        return bool(self.output_ids) and self.kv_len == self.fill_len - 1
+        return bool(self.output_ids or self.ahead) and self.kv_len == self.fill_len - 1 + self.ahead
+
+    def ends_in_flight(self, max_model_len: int) -> bool:
+        """The tokens in flight reach max_new_tokens or the context length."""
+        return bool(self.ahead) and (self.remaining_tokens <= self.ahead
+                                     or self.fill_len + self.ahead >= max_model_len)
 
     @property
     def remaining_tokens(self) -> int:

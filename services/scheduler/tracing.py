@@ -19,6 +19,7 @@ request is traced); a traced one costs O(1) per step.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
@@ -41,7 +42,7 @@ _tracer = trace.get_tracer("radixmesh.scheduler")
 class RequestTrace:
     """The open spans of one traced request."""
 
-    __slots__ = ("root", "ctx", "queue", "chunk", "decode", "marked", "resumed")
+    __slots__ = ("root", "ctx", "queue", "chunks", "decode", "marked", "resumed")
 
     def __init__(self, req: Req, parent: Context, worker_id: str) -> None:
         self.root = _tracer.start_span("scheduler.request", context=parent, attributes={
@@ -51,7 +52,7 @@ class RequestTrace:
         })
         self.ctx = trace.set_span_in_context(self.root)
         self.queue: Span | None = self._start("scheduler.queue")
-        self.chunk: Span | None = None
+        self.chunks: deque[Span] = deque()  # prefill chunks in flight, oldest first
         self.decode: Span | None = None
         self.marked = 0  # completion tokens at the last decode event
         self.resumed = False
@@ -59,21 +60,21 @@ class RequestTrace:
     def _start(self, name: str, attributes: dict | None = None) -> Span:
         return _tracer.start_span(name, context=self.ctx, attributes=attributes)
 
-    def admitted(self, req: Req) -> None:
-        self.queue.set_attribute("radixmesh.cached_tokens", req.kv_len)
+    def admitted(self, cached: int) -> None:
+        self.queue.set_attribute("radixmesh.cached_tokens", cached)
         self.queue.end()
         self.queue = None
 
-    def prefill(self, req: Req, tokens: int, step: int) -> Span:
-        self.chunk = self._start("scheduler.prefill", {
-            "radixmesh.step": step, "radixmesh.chunk_start": req.kv_len, "radixmesh.chunk_tokens": tokens,
+    def prefill(self, start: int, tokens: int, step: int) -> Span:
+        chunk = self._start("scheduler.prefill", {
+            "radixmesh.step": step, "radixmesh.chunk_start": start, "radixmesh.chunk_tokens": tokens,
         })
-        return self.chunk
+        self.chunks.append(chunk)
+        return chunk
 
-    def step_done(self, req: Req) -> None:
-        if self.chunk is not None:
-            self.chunk.end()
-            self.chunk = None
+    def step_done(self, req: Req, prefill: bool) -> None:
+        if prefill and self.chunks:
+            self.chunks.popleft().end()
         n = len(req.output_ids)
         if not n:
             return
@@ -88,16 +89,17 @@ class RequestTrace:
 
     def retracted(self, req: Req) -> None:
         self.root.add_event("retracted", {"radixmesh.completion_tokens": len(req.output_ids)})
-        for span in (self.chunk, self.decode):
+        for span in (*self.chunks, self.decode):
             if span is not None:
                 span.set_attribute("radixmesh.retracted", True)
                 span.end()
-        self.chunk = self.decode = None
+        self.chunks.clear()
+        self.decode = None
         self.resumed = True
         self.queue = self._start("scheduler.queue", {"radixmesh.resumed": True})
 
     def finish(self, reason: str, completion: int, cached: int, error: ErrorInfo | None) -> None:
-        for span in (self.queue, self.chunk, self.decode):
+        for span in (self.queue, *self.chunks, self.decode):
             if span is not None:
                 span.end()
         self.root.set_attributes({"radixmesh.finish_reason": reason,
@@ -129,24 +131,24 @@ class StepTracer:
             if (t := self.traces.get(req.rid)) is not None:
                 t.retracted(req)
         parent = None
-        for req, n in plan.items:
+        for (req, n), decode, start in zip(plan.items, plan.decodes, plan.prefix_lens):
             if (t := self.traces.get(req.rid)) is None:
                 continue
             if t.queue is not None:
-                t.admitted(req)
-            if not req.decoding:
-                chunk = t.prefill(req, n, step)
+                t.admitted(start)
+            if not decode:
+                chunk = t.prefill(start, n, step)
                 parent = parent or trace.set_span_in_context(chunk)
         return parent
 
-    def step_done(self, items: list[tuple[Req, int]]) -> None:
+    def step_done(self, plan: "Plan") -> None:
         """After the batcher applied a step's result."""
         if not self.traces:
             return
-        for req, _ in items:
+        for (req, _), decode in zip(plan.items, plan.decodes):
             if (t := self.traces.get(req.rid)) is None:
                 continue
-            t.step_done(req)
+            t.step_done(req, prefill=not decode)
             if req.finish_reason is not None:
                 del self.traces[req.rid]
                 t.finish(req.finish_reason, len(req.output_ids), req.cached_tokens, req.error)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
+from dataclasses import dataclass
 
 from opentelemetry import context as otel_context
 
@@ -13,6 +14,7 @@ from libs.protocol import Bus, ServiceError, Subjects
 from libs.protocol.messages import DetokBatch, ErrorInfo, ForwardResult
 
 from .batcher import Batcher
+from .planner import Plan
 from .request import Req
 from .tracing import StepTracer
 
@@ -24,6 +26,17 @@ LOST_REPLY_S = 1.0
 
 class WorkerLost(Exception):
     pass
+
+
+@dataclass
+class Step:
+    """A step sent to the worker, awaiting its result."""
+
+    number: int
+    plan: Plan
+    extend_lens: list[int]
+    future: asyncio.Future
+    reconnects: int  # the bus's reconnect count when it was sent
 
 
 class WorkerLoop:
@@ -39,9 +52,9 @@ class WorkerLoop:
         self.tracer = StepTracer(self.worker_id)
         self._wake = asyncio.Event()
         self._stopped = False
-        # worker idle fraction: time between consecutive sends vs time computing
-        self._last_send: float | None = None
-        self._last_forward_s = 0.0
+        self.overlap = batcher.config.overlap
+        # worker idle fraction: forward time vs wall time while work was in flight
+        self._active_since: float | None = None
         self.active_s = 0.0
         self.busy_s = 0.0
         self.prefill_tps = 0.0  # EMA over steps dominated by prefill
@@ -67,47 +80,67 @@ class WorkerLoop:
         self._wake.set()
 
     async def run(self) -> None:
-        """Step until stopped; raises WorkerLost after failing every request."""
+        """Step until stopped; raises WorkerLost after failing every request.
+
+        With ``overlap`` the next step is planned and sent while the worker runs
+        the current one (its decodes read the tokens that one samples on the
+        worker), so the worker never waits for the scheduler between steps.
+        """
         forward = self.subjects.worker_forward(self.worker_id)
         # NOTE: steps belong to no trace unless one prefills a traced request
         otel_context.attach(otel_context.Context())
+        inflight: deque[Step] = deque()
         while not self._stopped:
-            if not self.batcher.has_work():
-                await self.flush()
-                self._last_send = None
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            batch = self.batcher.next_batch()
-            if batch is None:
-                await self.flush()
-                await asyncio.sleep(0.005)
-                continue
-            plan = self.batcher.plan
-            parent = self.tracer.step_started(plan, batch.step)
-            self._account_send()
-            reconnects = self._reconnects()
-            token = otel_context.attach(parent) if parent is not None else None
-            step = asyncio.ensure_future(
-                self.bus.request(forward, batch, ForwardResult, timeout=self.forward_timeout))
-            if token is not None:
-                otel_context.detach(token)
-            # NOTE: the previous step's deltas and KV events go out while this one runs.
+            if not inflight:
+                if not self.batcher.has_work():
+                    await self.flush()
+                    self._active_since = None
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                if not self._send(forward, inflight):
+                    await self.flush()
+                    await asyncio.sleep(0.005)
+                    continue
+            if self.overlap and len(inflight) == 1:
+                self._send(forward, inflight)  # planned ahead of the step in flight
+            # NOTE: the last applied step's deltas and KV events go out while the worker runs.
             await self.flush()
+            step = inflight.popleft()
             try:
-                result = await self._reply(step, reconnects)
-                self._last_forward_s = result.forward_ms / 1e3
-                self._measure(batch.extend_lens, self._last_forward_s)
-                self.batcher.complete(result)
-                self.tracer.step_done(plan.items)
+                result = await self._reply(step.future, step.reconnects)
             except ServiceError as exc:
-                log.error("worker %s failed step %d: %s", self.worker_id, batch.step, exc)
+                for later in inflight:
+                    later.future.cancel()
+                log.error("worker %s failed step %d: %s", self.worker_id, step.number, exc)
                 self.fail_all(ErrorInfo(
                     code="worker_failed", status=503,
                     message=f"worker {self.worker_id} failed: {exc.message}",
                 ))
                 await self.flush()
                 raise WorkerLost(str(exc)) from exc
+            self._account(result.forward_ms / 1e3)
+            self._measure(step.extend_lens, result.forward_ms / 1e3)
+            self.batcher.complete(result)
+            self.tracer.step_done(step.plan)
+
+    def _send(self, forward: str, inflight: deque[Step]) -> bool:
+        """Plan the next step and send it; False if there is nothing to send."""
+        batch = self.batcher.next_batch()
+        if batch is None:
+            return False
+        plan = self.batcher.last_plan
+        parent = self.tracer.step_started(plan, batch.step)
+        self._account(0.0)
+        token = otel_context.attach(parent) if parent is not None else None
+        # NOTE: nc.request queues its message before its first await, and tasks
+        # start in creation order: steps reach the worker in the order sent
+        future = asyncio.ensure_future(
+            self.bus.request(forward, batch, ForwardResult, timeout=self.forward_timeout))
+        if token is not None:
+            otel_context.detach(token)
+        inflight.append(Step(batch.step, plan, batch.extend_lens, future, self._reconnects()))
+        return True
 
     def _reconnects(self) -> int:
         return self.bus.nc.stats.get("reconnects", 0)
@@ -138,12 +171,13 @@ class WorkerLoop:
             self.decode_step_s = (seconds if not self.decode_step_s
                                   else 0.8 * self.decode_step_s + 0.2 * seconds)
 
-    def _account_send(self) -> None:
+    def _account(self, forward_s: float) -> None:
+        """Wall time while steps were queued or running, and the worker's share of it."""
         now = time.perf_counter()
-        if self._last_send is not None:
-            self.active_s += now - self._last_send
-            self.busy_s += self._last_forward_s
-        self._last_send = now
+        if self._active_since is not None:
+            self.active_s += now - self._active_since
+        self._active_since = now
+        self.busy_s += forward_s
 
     def fail_all(self, error: ErrorInfo) -> None:
         self.batcher.fail_all(error)

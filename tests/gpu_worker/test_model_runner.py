@@ -46,8 +46,10 @@ def _hf_greedy(hf_model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def _generate(runner, prompts, rows, slots: _Slots, n: int, prefix_lens=None) -> list[list[int]]:
-    """Prefill every prompt in one batch (after ``prefix_lens`` cached tokens), then decode together."""
+def _generate(runner, prompts, rows, slots: _Slots, n: int, prefix_lens=None,
+              ahead: bool = False) -> list[list[int]]:
+    """Prefill every prompt in one batch (after ``prefix_lens`` cached tokens), then decode
+    together (``ahead``: each decode's input is -1, the row's last sampled token)."""
     prefix_lens = prefix_lens or [0] * len(prompts)
     lens = [p + len(ids) for p, ids in zip(prefix_lens, prompts)]
     batch = ForwardBatch(
@@ -59,7 +61,7 @@ def _generate(runner, prompts, rows, slots: _Slots, n: int, prefix_lens=None) ->
     for step in range(1, n):
         batch = ForwardBatch(
             step=step, new_rows=[], rows=rows, prefix_lens=lens, extend_lens=[1] * len(rows),
-            input_ids=[o[-1] for o in outs], out_slots=slots.take(len(rows)),
+            input_ids=[-1 if ahead else o[-1] for o in outs], out_slots=slots.take(len(rows)),
         )
         for o, t in zip(outs, runner.execute(batch)):
             o.append(t)
@@ -127,6 +129,25 @@ def test_invalid_batches_are_typed_400(runner):
             runner.execute(ForwardBatch(**fields))
         assert (err.value.code, err.value.status) == ("invalid_request_error", 400), fields
     assert len(runner.execute(ForwardBatch(**ok))) == 1
+
+
+def test_steps_sent_ahead_read_the_rows_last_sampled_tokens(runner, tokenizer):
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    slots = _Slots(runner.config.kv_slots)
+    explicit = _generate(runner, prompts, rows=[3, 1, 5], slots=slots, n=10)
+    assert _generate(runner, prompts, rows=[3, 1, 5], slots=slots, n=10, ahead=True) == explicit
+    # continue row 3 (it sampled in step 9): -1 must follow that step, in a one-token run
+    follow = dict(new_rows=[], rows=[3], prefix_lens=[len(prompts[0]) + 9], extend_lens=[1],
+                  input_ids=[-1], out_slots=slots.take(1))
+    for fields in (dict(follow, step=11), dict(follow, rows=[6]),
+                   dict(follow, new_rows=[NewRow(row=3, **GREEDY)]),
+                   dict(follow, extend_lens=[2], input_ids=[-1, 5], out_slots=slots.take(2)),
+                   dict(follow, input_ids=[-2])):
+        with pytest.raises(ServiceError) as err:
+            runner.execute(ForwardBatch(**dict(dict(step=10), **fields)))
+        assert err.value.status == 400, fields
+    assert runner.execute(ForwardBatch(step=10, **follow)) == [
+        _generate(runner, prompts[:1], rows=[3], slots=slots, n=11)[0][-1]]
 
 
 def test_seeded_sampling_reproducible_across_batches(runner, tokenizer):

@@ -38,11 +38,11 @@ def run(batcher: Batcher, tracer: StepTracer) -> list:
     contexts = []
     while batcher.has_work():
         batch = batcher.next_batch()
-        plan = batcher.plan
+        plan = batcher.last_plan
         contexts.append(tracer.step_started(plan, batch.step))
         batcher.complete(ForwardResult(step=batch.step, next_token_ids=[5] * len(plan.items),
                                        forward_ms=0))
-        tracer.step_done(plan.items)
+        tracer.step_done(plan)
         tracer.finished(batcher.take_deltas())
     return contexts
 
@@ -108,7 +108,7 @@ def test_abort_while_queued_ends_the_spans(exporter):
             batcher.submit(req := request(i, 4))
             tracer.submitted(req)
     batch = batcher.next_batch()
-    tracer.step_started(batcher.plan, batch.step)
+    tracer.step_started(batcher.last_plan, batch.step)
     batcher.abort("r1")  # still queued behind r0
     tracer.finished(batcher.take_deltas())
     (root,) = [s for s in exporter.get_finished_spans() if s.name == "scheduler.request"]

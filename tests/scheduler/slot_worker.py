@@ -4,6 +4,8 @@ It stores each input token in the slot the scheduler assigned and "samples"
 the next token as a hash of the sequence it reads back through the row's slot
 table, so any slot the scheduler mixes up (reused while referenced, wrong
 prefix slots) changes the output. It checks bookkeeping, not language.
+Like the real worker it keeps each row's last sampled token: an input id -1
+(a step sent ahead of the previous one's result) reads it.
 """
 
 from __future__ import annotations
@@ -18,17 +20,39 @@ class SlotWorker:
         self.kv = np.full(num_slots, -1, dtype=np.int64)
         self.table = np.zeros((max_requests, max_len), dtype=np.int64)
         self.vocab = vocab
+        self.last = np.full(max_requests, -1, dtype=np.int64)
 
     def run(self, batch: ForwardBatch) -> ForwardResult:
         for new in batch.new_rows:
             self.table[new.row, : len(new.prefix_slots)] = new.prefix_slots
-        out, pos = [], 0
-        for row, prefix, n in zip(batch.rows, batch.prefix_lens, batch.extend_lens):
+            self.last[new.row] = -1
+        out, logprobs, pos = [], [], 0
+        for i, (row, prefix, n) in enumerate(zip(batch.rows, batch.prefix_lens, batch.extend_lens)):
             slots = np.asarray(batch.out_slots[pos : pos + n])
-            self.kv[slots] = batch.input_ids[pos : pos + n]
+            ids = np.asarray(batch.input_ids[pos : pos + n])
+            if (ids < 0).any():
+                assert n == 1 and self.last[row] >= 0, "-1 on a row that sampled nothing"
+                ids = self.last[row : row + 1]
+            self.kv[slots] = ids
             self.table[row, prefix : prefix + n] = slots
             pos += n
             seq = self.kv[self.table[row, : prefix + n]]
             assert (seq >= 0).all(), "read a slot nobody wrote"
             out.append(hash(tuple(seq.tolist())) % self.vocab + 3)
-        return ForwardResult(step=batch.step, next_token_ids=out, forward_ms=0.0)
+            self.last[row] = out[-1]
+            if batch.logprob_from and batch.logprob_count[i]:
+                logprobs += self._logprobs(batch, i, seq, prefix, out[-1])
+        return ForwardResult(step=batch.step, next_token_ids=out, forward_ms=0.0, logprobs=logprobs)
+
+    @staticmethod
+    def _logprobs(batch: ForwardBatch, i: int, seq: np.ndarray, prefix: int, sampled: int) -> list[float]:
+        """A value per wanted position that depends on the sequence read so far and
+        the target token, so a logprob reported for the wrong token shows."""
+        start = batch.logprob_from[i]
+        values = []
+        for q in range(prefix + start, prefix + start + batch.logprob_count[i]):
+            last = q + 1 == len(seq)
+            target = (batch.logprob_next[i] if batch.logprob_next[i] >= 0 else sampled) \
+                if last else int(seq[q + 1])
+            values.append(-(hash((tuple(seq[: q + 1].tolist()), target)) % 1000) / 100)
+        return values
