@@ -269,6 +269,9 @@ class SchedStats(Base, tag="sched_stats_reply.v1"):
     evictable_slots: int = 0
     protected_slots: int = 0
     worker_idle_fraction: float = 0.0
+    # seconds while steps were queued or running, and the worker's forward time in them
+    worker_active_s: float = 0.0
+    worker_busy_s: float = 0.0
 
 
 class FlushRequest(Base, tag="flush.v1"):

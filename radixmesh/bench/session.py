@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import math
 import os
 import platform
 import subprocess
@@ -54,7 +55,7 @@ def _progress(args: argparse.Namespace, name: str):
 
 
 def _run_system(plan: SystemPlan, args, workload: Workload, tok: ChatTokenizer, model_dir: Path,
-                out_dir: Path) -> tuple[list[Record], float]:
+                out_dir: Path) -> tuple[list[Record], float, float]:
     if plan.kind == "stack":
         print(f"[{plan.name}] starting a stack; logs in {out_dir / 'logs' / plan.name}",
               file=sys.stderr, flush=True)
@@ -83,7 +84,8 @@ def _run_hf(args, workload: Workload, tok: ChatTokenizer, model_dir: Path, bar):
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     baseline = HFBaseline(model_dir, tok, args.temperature, args.ignore_eos, args.seed)
     baseline.warm_up()
-    return baseline.run(workload, limit=args.hf_requests, progress=bar)
+    records, duration = baseline.run(workload, limit=args.hf_requests, progress=bar)
+    return records, duration, math.nan  # NOTE: no worker, no idle fraction
 
 
 def _meta(args: argparse.Namespace, workload: Workload, plan: Plan, model_dir: Path) -> dict:
@@ -144,9 +146,9 @@ def run_session(args: argparse.Namespace) -> int:
     records: list[Record] = []
     summaries: list[Summary] = []
     for system in plan.systems:
-        got, duration = _run_system(system, args, workload, tok, model_dir, out_dir)
+        got, duration, idle = _run_system(system, args, workload, tok, model_dir, out_dir)
         records += got
-        summaries.append(summarize(system.name, got, duration))
+        summaries.append(summarize(system.name, got, duration, worker_idle=idle))
     meta["problems"] = problems = check(records)
     return _finish(args, out_dir, meta, summaries, records, problems)
 

@@ -40,9 +40,11 @@ class Summary:
     cached_tokens: int
     completion_tokens: int
     cache_hit_rate: float  # cached prompt tokens / prompt tokens
+    worker_idle: float = math.nan  # share of the run the workers waited between steps
 
 
-def summarize(system: str, records: list[Record], duration_s: float) -> Summary:
+def summarize(system: str, records: list[Record], duration_s: float,
+              worker_idle: float = math.nan) -> Summary:
     """Summary of ``records`` (all of one system) measured over ``duration_s`` seconds."""
     ok = [r for r in records if r.ok]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -63,5 +65,5 @@ def summarize(system: str, records: list[Record], duration_s: float) -> Summary:
         itl_p50_ms=ms(itl, 50), itl_p99_ms=ms(itl, 99),
         e2e_p50_ms=ms(e2e, 50), e2e_p90_ms=ms(e2e, 90),
         prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
-        cache_hit_rate=cached / prompt if prompt else math.nan,
+        cache_hit_rate=cached / prompt if prompt else math.nan, worker_idle=worker_idle,
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from . import worker_time
 from .client import ClientConfig, StreamClient
 from .record import Record
 from .runner import Load, Progress, run_workload
@@ -94,8 +95,9 @@ async def served_model(http: httpx.AsyncClient) -> str:
 
 async def bench_http(url: str, system: str, workload: Workload, tok: ChatTokenizer,
                      client: ClientConfig, load: Load, warmup: int, timeout_s: float,
-                     progress: Progress | None = None) -> tuple[list[Record], float]:
-    """Warm up, then run ``workload`` against the gateway at ``url``."""
+                     progress: Progress | None = None) -> tuple[list[Record], float, float]:
+    """Warm up, then run ``workload`` against the gateway at ``url``; returns the
+    records, the duration and the workers' idle fraction meanwhile (NaN: unknown)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as http:
         if client.api == "chat" and not client.model:
@@ -106,7 +108,9 @@ async def bench_http(url: str, system: str, workload: Workload, tok: ChatTokeniz
         async def send(spec, messages, record, index):
             await stream.send(messages, spec.max_tokens, record, index)
 
-        return await run_workload(workload, system, send, load, progress)
+        before = await worker_time.scrape(http)
+        records, duration = await run_workload(workload, system, send, load, progress)
+        return records, duration, worker_time.idle_fraction(before, await worker_time.scrape(http))
 
 
 async def _warm_up(stream: StreamClient, tok: ChatTokenizer, count: int, seed: int) -> None:
@@ -122,7 +126,7 @@ async def _warm_up(stream: StreamClient, tok: ChatTokenizer, count: int, seed: i
 
 
 def run_stack(plan: SystemPlan, stack_kwargs: dict, log_dir: Path, startup_timeout: float,
-              **bench_kwargs) -> tuple[list[Record], float]:
+              **bench_kwargs) -> tuple[list[Record], float, float]:
     """Start a private stack for ``plan``, run the workload on it, stop it."""
     from radixmesh.launcher import LocalStack, StackError, ephemeral_stack_config
 

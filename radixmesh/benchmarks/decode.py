@@ -2,6 +2,8 @@
 
 (a) the worker's ModelRunner driven in-process by the scheduler's Batcher,
 (b) the same requests through the full stack over NATS (HTTP streaming),
+(b0) the same stack with ``--disable-overlap-schedule`` (each step planned after
+     the previous one's result),
 (c) HF transformers batched ``generate`` on the same prompts.
 
     python -m radixmesh.benchmarks.decode [--batches 1 8 32] [--context 256] [--steps 32]
@@ -115,22 +117,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    samples: dict[int, dict[str, list[float]]] = {b: {"a": [], "b": [], "c": []} for b in args.batches}
+    samples: dict[int, dict[str, list[float]]] = {
+        b: {"a": [], "b0": [], "b": [], "c": []} for b in args.batches}
 
     from transformers import AutoModelForCausalLM
 
     runner = ModelRunner(RunnerConfig(kv_slots=16384))
     hf = AutoModelForCausalLM.from_pretrained(resolve_model("default"), dtype=torch.float32).eval()
     with tempfile.TemporaryDirectory() as logs:
-        config = ephemeral_stack_config(Path(logs), threads_per_worker=args.threads)
-        with LocalStack(config, progress=lambda m: None) as stack:
-            asyncio.run(bench_stack(stack.url, make_prompts(1, 16, seed=99), 4))  # warm-up
-            # NOTE: the three systems take turns, round after round, so a slow spell
-            # of this noisy machine hits all of them instead of one.
+        config = ephemeral_stack_config(Path(logs) / "b", threads_per_worker=args.threads)
+        step_by_step = ephemeral_stack_config(Path(logs) / "b0", threads_per_worker=args.threads,
+                                              extra={"scheduler": ["--disable-overlap-schedule"]})
+        with LocalStack(config, progress=lambda m: None) as stack, \
+                LocalStack(step_by_step, progress=lambda m: None) as stack0:
+            for url in (stack.url, stack0.url):
+                asyncio.run(bench_stack(url, make_prompts(1, 16, seed=99), 4))  # warm-up
+            # NOTE: the systems take turns, round after round, so a slow spell of
+            # this noisy machine hits all of them instead of one.
             for _ in range(args.rounds):
                 for b in args.batches:
                     prompts = make_prompts(b, args.context)
                     samples[b]["a"].append(bench_in_process(runner, prompts, args.steps))
+                    samples[b]["b0"].append(asyncio.run(bench_stack(stack0.url, prompts, args.steps)))
                     samples[b]["b"].append(asyncio.run(bench_stack(stack.url, prompts, args.steps)))
                     samples[b]["c"].append(bench_hf(hf, prompts, args.steps))
     results = {b: {k: _median(v) for k, v in r.items()} for b, r in samples.items()}
@@ -145,12 +153,12 @@ def _median(values: list[float]) -> float:
 def print_table(results: dict[int, dict[str, float]], args: argparse.Namespace) -> None:
     print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} decode steps, "
           f"fp32, {args.threads} threads, median of {args.rounds} interleaved rounds")
-    print("| batch | (a) in-process runner | (b) full stack over NATS | (c) HF generate "
-          "| b/a | b/c |")
-    print("|---|---|---|---|---|---|")
+    print("| batch | (a) in-process runner | (b0) stack, step by step | (b) full stack over NATS "
+          "| (c) HF generate | b/b0 | b/a | b/c |")
+    print("|---|---|---|---|---|---|---|---|")
     for b, r in results.items():
-        print(f"| {b} | {r['a']:.1f} | {r['b']:.1f} | {r['c']:.1f} | {r['b'] / r['a']:.2f} "
-              f"| {r['b'] / r['c']:.2f} |")
+        print(f"| {b} | {r['a']:.1f} | {r['b0']:.1f} | {r['b']:.1f} | {r['c']:.1f} "
+              f"| {r['b'] / r['b0']:.2f} | {r['b'] / r['a']:.2f} | {r['b'] / r['c']:.2f} |")
 
 
 if __name__ == "__main__":

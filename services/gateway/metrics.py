@@ -130,6 +130,11 @@ class ClusterView:
         self.idle = Gauge("radixmesh:worker_idle_fraction",
                           "Share of the time the worker waited for its next step while work was queued",
                           labels, registry=r)
+        self.active_s = Gauge("radixmesh:worker_active_seconds",
+                              "Seconds the worker had steps queued or running (since adoption)",
+                              labels, registry=r)
+        self.busy_s = Gauge("radixmesh:worker_busy_seconds",
+                            "Seconds of model forward time within the active time", labels, registry=r)
         self.unreachable = Gauge("radixmesh:worker_stats_unavailable",
                              "1 when the worker's scheduler did not answer the stats request", labels,
                              registry=r)
@@ -139,7 +144,7 @@ class ClusterView:
         reports = [r for r in self.loads.live()
                    if self.worker_model is None or r.model == self.worker_model]
         for gauge in (self.running, self.queued, self.token_usage, self.hit_rate, self.throughput,
-                      self.idle, self.unreachable):
+                      self.idle, self.active_s, self.busy_s, self.unreachable):
             gauge.clear()  # NOTE: workers that left disappear from the scrape
         for r in reports:
             key = (self.model_name, r.worker_id)
@@ -161,6 +166,8 @@ class ClusterView:
             self.unreachable.labels(*key).set(0)
             self.hit_rate.labels(*key).set(st.cached_tokens / st.prompt_tokens if st.prompt_tokens else 0.0)
             self.idle.labels(*key).set(st.worker_idle_fraction)
+            self.active_s.labels(*key).set(st.worker_active_s)
+            self.busy_s.labels(*key).set(st.worker_busy_s)
             last = self._last.get(r.worker_id)
             rate = 0.0
             if last is not None and now > last[1] and st.tokens_generated >= last[0]:

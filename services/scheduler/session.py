@@ -97,7 +97,9 @@ class WorkerSession:
 
     async def _on_stats(self, _: SchedStatsRequest) -> SchedStats:
         return msgspec.structs.replace(self.loop.batcher.stats(),
-                                       worker_idle_fraction=self.loop.idle_fraction)
+                                       worker_idle_fraction=self.loop.idle_fraction,
+                                       worker_active_s=self.loop.active_s,
+                                       worker_busy_s=self.loop.busy_s)
 
     async def _on_snapshot(self, _: SnapshotRequest) -> KVSnapshot:
         return self.loop.batcher.snapshot()

@@ -37,7 +37,10 @@ def test_quick_bench_writes_consistent_records(tmp_path):
     for r in stack:  # a follow-up was sent only after its parents had finished
         for parent in r["depends_on"]:
             assert r["start_s"] >= by_id[parent]["start_s"] + by_id[parent]["e2e_s"] - 1e-3
-    assert {s["system"] for s in body["summaries"]} == {"radixmesh", "hf-generate"}
+    summaries = {s["system"]: s for s in body["summaries"]}
+    assert set(summaries) == {"radixmesh", "hf-generate"}
+    assert 0 <= summaries["radixmesh"]["worker_idle"] < 1
+    assert summaries["hf-generate"]["worker_idle"] is None  # no worker: unknown, not 0
     for name in ("ttft.png", "throughput.png"):
         assert (run_dir / name).read_bytes()[:4] == b"\x89PNG"
     assert "| radixmesh |" in (run_dir / "table.md").read_text()

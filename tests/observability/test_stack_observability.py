@@ -200,6 +200,9 @@ async def test_metrics_count_the_requests(stack, client):
     assert total(after, "sglang:gen_throughput") > 0  # tokens were generated since the last scrape
     assert total(after, "sglang:cache_hit_rate") > 0
     assert total(after, "radixmesh:worker_stats_unavailable") == 0
+    # the workers computed for part of the time they had work, never more
+    busy, active = delta("radixmesh:worker_busy_seconds"), delta("radixmesh:worker_active_seconds")
+    assert 0 < busy <= active
 
     index = scrape(httpx.get(stack.index_metrics).text)
     assert total(index, "radixmesh:load_report_lag_seconds_count") > 0
