@@ -16,11 +16,13 @@ the simulated order, so eviction order is the same as on a simulated clock.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 import numpy as np
 
 from libs.protocol.messages import KVEvent, KVEventBatch, KVSnapshot, LoadReport
+from services.scheduler.batcher import QUEUE_PEEK
 from services.scheduler.planner import SHARE_PROBE
 from services.scheduler.radix_cache import RadixCache
 
@@ -158,7 +160,10 @@ class SimWorker:
     # -- what the scheduler publishes ---------------------------------------------
 
     def load_report(self, now: float) -> LoadReport:
-        queued = self.waiting_tokens + sum(r.prompt_len - r.kv_len for r in self.prefilling)
+        # NOTE: uncached parts only, as services/scheduler/batcher.py reports them
+        cached = sum(self.tree.peek(NAMESPACE, r.tokens[:-1])[0]
+                     for r in itertools.islice(self.waiting, QUEUE_PEEK))
+        queued = self.waiting_tokens - cached + sum(r.prompt_len - r.kv_len for r in self.prefilling)
         return LoadReport(
             worker_id=self.worker_id, scheduler_id="sim", model=MODEL, running=self.running,
             waiting=len(self.waiting), free_slots=self.available,

@@ -76,8 +76,10 @@ class Router:
         self.registry.book(chosen.worker_id, req.rid, req.num_tokens - chosen.cached,
                            frozenset(hashes[page]))
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("route %s -> %s (%s) %s", req.rid, chosen.worker_id, self.policy_name,
-                      [(c.worker_id, c.cached, c.load, round(c.score, 4)) for c in cands])
+            log.debug("route %s (%d tokens) -> %s (%s) [(worker, cached, load, queued, score)] %s",
+                      req.rid, req.num_tokens, chosen.worker_id, self.policy_name,
+                      [(c.worker_id, c.cached, c.load, c.queued_tokens, round(c.score, 4))
+                       for c in cands])
         return Decision(chosen, cands)
 
     @staticmethod

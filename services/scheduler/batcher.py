@@ -51,6 +51,7 @@ class BatcherConfig:
 
 
 MAX_TOP_LOGPROBS = 20  # the worker's limit (services.gpu_worker.batch)
+QUEUE_PEEK = 256  # waiting requests whose cached prefix a load report looks up
 
 
 class Batcher:
@@ -164,6 +165,9 @@ class Batcher:
             plan.samples.append(samples)
             req.ahead += samples
             req.inflight += 1
+        for (req, _), decode in zip(plan.items, plan.decodes):
+            if not decode:  # NOTE: shareable now: any step sent later reads it after it is written
+                self.cache.cache_prefix(req)
 
     def complete(self, result: ForwardResult) -> None:
         """Apply the sampled tokens of the oldest step in flight."""
@@ -185,12 +189,12 @@ class Batcher:
             if req.aborted:
                 self._finish(req, "abort")
             elif not samples:
-                self.cache.cache_prefix(req)  # a prefill chunk: share it early
+                continue  # a prefill chunk (cached when sent)
             elif req.remaining_tokens <= 0:
                 self._finish(req, "length")  # max_new_tokens 0: prefill only, now cached
             else:
                 decoded += n == 1
-                self._append(req, token, prefilled=n > 1 or not req.output_ids)
+                self._append(req, token)
         if decoded:
             self.new_token_ratio = max(self.config.min_new_token_ratio,
                                        self.new_token_ratio - self.config.new_token_ratio_decay)
@@ -228,7 +232,13 @@ class Batcher:
                           page_size=self.config.page_size, block_hashes=hashes)
 
     def queued_prefill_tokens(self) -> int:
-        waiting = sum(r.fill_len for r in self.waiting)
+        """Prompt tokens still to compute: the uncached part of each waiting request
+        (NOTE: the first QUEUE_PEEK only are looked up; deeper ones count whole) and
+        the rest of each unfinished prefill. The router divides it by the prefill
+        rate: counting cached prefixes would make a worker that holds a document
+        look busiest exactly when requests for that document queue on it."""
+        waiting = sum(r.fill_len - (self.cache.prefix_len(r) if i < QUEUE_PEEK else 0)
+                      for i, r in enumerate(self.waiting))
         return waiting + sum(r.fill_len - r.kv_len for r in self.running if not r.decoding)
 
     def stats(self) -> SchedStats:
@@ -259,7 +269,7 @@ class Batcher:
             self.counters["cached"] += req.kv_len
         self.running.append(req)
 
-    def _append(self, req: Req, token: int, prefilled: bool) -> None:
+    def _append(self, req: Req, token: int) -> None:
         req.output_ids.append(token)
         self.counters["generated"] += 1
         reason = self._finish_reason(req, token)
@@ -270,8 +280,6 @@ class Batcher:
         self._out.append((req.detok_instance, TokenDelta(rid=req.rid, token_ids=[token],
                                                          cached_tokens=req.cached_tokens,
                                                          logprobs=self._pop_logprobs(req))))
-        if prefilled:
-            self.cache.cache_prefix(req)  # the prompt is now shareable
 
     def _finish_reason(self, req: Req, token: int) -> str | None:
         if token in req.sampling.stop_token_ids:

@@ -81,3 +81,17 @@ def test_round_robin_and_exclusion():
     assert router.route(only).chosen.worker_id == "c"
     with pytest.raises(ServiceError):
         router.route(RouteRequest(rid="z", model="m", num_tokens=3, exclude=["a", "b", "c"]))
+
+
+def test_fork_branches_stay_with_their_document_while_siblings_queue():
+    """b holds a fork's document with six sibling branches waiting on it; its report
+    counts their uncached suffixes only (services/scheduler: queued_prefill_tokens
+    leaves out each waiting request's cached prefix), so the next branch joins them
+    instead of recomputing the document on an idle worker. Counted whole (6 x 420
+    tokens), the same queue would look ~14 s long and send it elsewhere."""
+    rates = {"prefill_tps": 180.0}
+    router, index, reg = setup(a=rates, b=rates, c=rates)
+    cached_on(index, "b", DOC)
+    reg.update(report("b", waiting=6, queued_prefill_tokens=6 * 20, **rates))
+    decision = router.route(req("late-branch", DOC + [9] * 30))
+    assert decision.chosen.worker_id == "b"

@@ -265,3 +265,17 @@ def test_fail_all_reports_error_to_everyone():
 def test_seeded_requests_keep_their_seed():
     assert req("s", seed=1234).seed == 1234
     assert req("u").seed != req("v").seed
+
+
+def test_queued_prefill_tokens_leave_out_the_cached_prefix():
+    """A fork's branches waiting behind a held document add only their own suffixes:
+    the load report must not make the worker holding the document look busy."""
+    b, w = make()
+    doc = list(range(100, 164))
+    b.submit(req("hold", prompt=doc, max_new=1))
+    drain(b, w)
+    for i in range(3):
+        b.submit(req(f"branch{i}", prompt=doc + [i + 1] * 8, max_new=2))
+    cached = b.cache.prefix_len(b.waiting[0])
+    assert cached >= 48
+    assert b.queued_prefill_tokens() == 3 * (72 - cached)

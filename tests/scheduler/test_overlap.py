@@ -142,3 +142,18 @@ def test_memory_short_waits_for_the_result_instead_of_retracting_ahead():
             break
         b.complete(result)
     assert b.next_batch() is not None and b.stats().retractions == 1
+
+
+def test_a_prefill_in_flight_is_shared_with_the_next_step():
+    b, w = make(page_size=4)
+    doc = list(range(100, 164))
+    b.submit(req("first", prompt=doc, max_new=4))
+    first = b.next_batch()
+    b.submit(req("second", prompt=doc + [7, 8, 9], max_new=4))
+    ahead = b.next_batch()  # planned while the document's prefill runs
+    assert ahead.rows[-1] != first.rows[0] and ahead.extend_lens[-1] == 3
+    assert ahead.prefix_lens[-1] == 64 and ahead.new_rows[0].prefix_slots == first.out_slots
+    for batch in (first, ahead):
+        b.complete(w.run(batch))
+    out = run(b, w, overlap=True)
+    assert out["first"]["finish"] == out["second"]["finish"] == "length"
