@@ -15,7 +15,7 @@ import math
 import sys
 
 from .client import APIS
-from .systems import SYSTEMS
+from .systems import DEFAULT_SYSTEMS, ROUTING_POLICIES, SYSTEMS
 from .workloads import WORKLOADS
 
 
@@ -47,8 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     load.add_argument("--ignore-eos", action="store_true", help="always emit max_tokens tokens")
     load.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     out = p.add_argument_group("systems and output")
-    out.add_argument("--systems", default=",".join(SYSTEMS),
-                     help=f"comma-separated, from {','.join(SYSTEMS)}")
+    out.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                     help=f"comma-separated, from {','.join(SYSTEMS)} and radixmesh-<policy> "
+                          f"for a routing policy in {','.join(ROUTING_POLICIES)}")
     out.add_argument("--hf-requests", type=int, default=None,
                      help="run only the first N requests on hf-generate (it is sequential)")
     out.add_argument("--output-dir", default="bench-results")

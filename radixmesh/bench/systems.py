@@ -2,6 +2,8 @@
 
 - ``radixmesh``: the stack (started here, or the gateway at ``--url``);
 - ``radixmesh-no-cache``: a stack started with the scheduler's prefix cache off;
+- ``radixmesh-no-overlap``: a stack whose scheduler plans each step after the
+  previous one's result (``--disable-overlap-schedule``);
 - ``hf-generate``: HF transformers ``generate`` in-process, sequentially;
 - ``radixmesh-<policy>``: a stack whose cache index routes with ``<policy>``
   (``cache_aware``, ``round_robin``, ``least_load``, ``random``, ``prefix_hash``).
@@ -25,9 +27,11 @@ from .tokens import ChatTokenizer
 from .workload import Workload
 from .workloads import RandomParams, build_random
 
-SYSTEMS = ("radixmesh", "radixmesh-no-cache", "hf-generate")
+SYSTEMS = ("radixmesh", "radixmesh-no-cache", "radixmesh-no-overlap", "hf-generate")
 ROUTING_POLICIES = ("cache_aware", "round_robin", "least_load", "random", "prefix_hash")
+DEFAULT_SYSTEMS = ("radixmesh", "radixmesh-no-cache", "hf-generate")
 NO_CACHE_FLAG = "--disable-radix-cache"
+NO_OVERLAP_FLAG = "--disable-overlap-schedule"
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -82,6 +86,11 @@ def plan_systems(wanted: list[str], url: str | None) -> Plan:
                                   f"{NO_CACHE_FLAG} flag yet (no prefix cache to turn off)")
             else:
                 plan.systems.append(SystemPlan(name, "stack", (NO_CACHE_FLAG,)))
+        elif name == "radixmesh-no-overlap":
+            if url:
+                plan.notes.append(f"{name} skipped: it needs a stack started by the harness")
+            else:
+                plan.systems.append(SystemPlan(name, "stack", (NO_OVERLAP_FLAG,)))
         else:
             plan.systems.append(SystemPlan(name, "hf"))
     return plan
