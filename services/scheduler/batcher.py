@@ -24,12 +24,14 @@ import numpy as np
 
 from libs.protocol import errors
 from libs.protocol.messages import (
-    ErrorInfo, ForwardBatch, ForwardResult, KVEvent, KVEventBatch, KVSnapshot, Logprobs,
+    ErrorInfo, ForwardBatch, ForwardResult, KVEvent, KVEventBatch, KVSnapshot,
     SchedStats, TokenDelta, WorkerInfo,
 )
 
 from .allocator import RowAllocator
+from .intake import check_request
 from .kv_cache import KVCache
+from .logprobs import pop_logprobs, take_logprobs
 from .planner import Plan, plan_step, prefix_cap
 from .request import Req
 
@@ -50,7 +52,6 @@ class BatcherConfig:
     overlap: bool = True  # plan and send step N+1 while the worker runs step N
 
 
-MAX_TOP_LOGPROBS = 20  # the worker's limit (services.gpu_worker.batch)
 QUEUE_PEEK = 256  # waiting requests whose cached prefix a load report looks up
 
 
@@ -87,22 +88,7 @@ class Batcher:
                 f"server is busy: {len(self.waiting)} requests already queued "
                 f"(--max-queued-requests={self.config.max_queued_requests}); retry later"
             )
-        total = req.prompt_len + req.sampling.max_new_tokens
-        if total > self.info.max_model_len:
-            raise errors.context_length_exceeded(
-                f"prompt ({req.prompt_len}) + max_new_tokens ({req.sampling.max_new_tokens}) "
-                f"exceeds the model's context length {self.info.max_model_len}"
-            )
-        if total > self.info.kv_slots:
-            raise errors.invalid_request(
-                f"request needs up to {total} KV slots; this worker has {self.info.kv_slots}: "
-                "lower max_tokens"
-            )
-        if not 0 <= req.sampling.top_logprobs_num <= MAX_TOP_LOGPROBS:
-            raise errors.invalid_request(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
-        ids = np.asarray(req.input_ids)
-        if not len(ids) or ids.min() < 0 or ids.max() >= self.info.vocab_size:
-            raise errors.invalid_request(f"token ids must lie in [0, {self.info.vocab_size})")
+        check_request(req, self.info)
         self.waiting.append(req)
         self._by_rid[req.rid] = req
         return len(self.waiting) - 1
@@ -184,8 +170,8 @@ class Batcher:
             if req.finish_reason is not None:
                 continue  # it ended while this step ran (a stop, an abort): token dropped
             if plan.lp_first[i] >= 0:
-                self._take_logprobs(req, result, token, lp_at[i], plan.lp_counts[i],
-                                    plan.lp_first[i], plan.lp_zero[i])
+                take_logprobs(req, result, token, lp_at[i], plan.lp_counts[i],
+                              plan.lp_first[i], plan.lp_zero[i])
             if req.aborted:
                 self._finish(req, "abort")
             elif not samples:
@@ -279,7 +265,7 @@ class Batcher:
         # NOTE: cached_tokens on every delta: a stop string may end the stream before our finish
         self._out.append((req.detok_instance, TokenDelta(rid=req.rid, token_ids=[token],
                                                          cached_tokens=req.cached_tokens,
-                                                         logprobs=self._pop_logprobs(req))))
+                                                         logprobs=pop_logprobs(req))))
 
     def _finish_reason(self, req: Req, token: int) -> str | None:
         if token in req.sampling.stop_token_ids:
@@ -318,7 +304,7 @@ class Batcher:
         self._out.append((req.detok_instance, TokenDelta(
             rid=req.rid, token_ids=tokens or [], finish_reason=reason, error=req.error,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens, logprobs=self._pop_logprobs(req),
+            cached_tokens=req.cached_tokens, logprobs=pop_logprobs(req),
         )))
 
     def _cap_prefix(self, req: Req) -> None:
@@ -331,41 +317,6 @@ class Batcher:
         req.slots = [req.all_slots()[:cap]] if cap else []
         req.kv_len = req.tree_len = cap
 
-    def _take_logprobs(self, req: Req, result: ForwardResult, token: int, at: int, count: int,
-                       first: int, zero: bool) -> None:
-        """Append this step's logprobs of ``req``: ``count`` positions of the result
-        from ``at``, for its tokens from index ``first`` (``zero``: token 0 first)."""
-        if zero:  # nothing predicts the first token
-            req.lp_pending = Logprobs(start=0, token_ids=[req.input_ids[0]], logprobs=[float("nan")],
-                                      top_ids=[[]], top_logprobs=[[]])
-        p = req.prompt_len  # NOTE: slices, not fill(): no copy of the whole sequence per step
-        ids = (req.input_ids[first : first + count]
-               + req.output_ids[max(first - p, 0) : max(first + count - p, 0)])
-        ids += [token] * (count - len(ids))  # the last position predicted the sampled token
-        lps = result.logprobs[at : at + count]
-        top_ids = _top(result.top_ids, result.top_k, at, count, req.sampling.top_logprobs_num)
-        top_lps = _top(result.top_logprobs, result.top_k, at, count, req.sampling.top_logprobs_num)
-        pending = req.lp_pending
-        if pending is None:
-            req.lp_pending = Logprobs(start=first, token_ids=ids, logprobs=lps, top_ids=top_ids,
-                                      top_logprobs=top_lps)
-        else:
-            pending.token_ids += ids
-            pending.logprobs += lps
-            pending.top_ids += top_ids
-            pending.top_logprobs += top_lps
-
-    @staticmethod
-    def _pop_logprobs(req: Req) -> Logprobs | None:
-        out, req.lp_pending = req.lp_pending, None
-        return out
-
     def _on_event(self, kind: str, namespace: str, hashes: list[int]) -> None:
         self._events.append(KVEvent(kind=kind, namespace=namespace, block_hashes=hashes))
 
-
-def _top(flat: list, k: int, at: int, count: int, want: int) -> list[list]:
-    """Rows ``at .. at+count`` of a flattened [positions, k] list, ``want`` columns each."""
-    if not (k and want):
-        return [[]] * count  # NOTE: never mutated: one shared empty list
-    return np.asarray(flat[at * k : (at + count) * k]).reshape(count, k)[:, :want].tolist()

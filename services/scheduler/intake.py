@@ -1,0 +1,33 @@
+"""Whether a submitted request can ever run on this worker (400s otherwise)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from libs.protocol import errors
+from libs.protocol.messages import WorkerInfo
+
+from .request import Req
+
+MAX_TOP_LOGPROBS = 20  # the worker's limit (services.gpu_worker.batch)
+
+
+def check_request(req: Req, info: WorkerInfo) -> None:
+    """Raise ServiceError (400) if ``req`` does not fit the worker's context, KV
+    pool or vocabulary, or asks for more top logprobs than it computes."""
+    total = req.prompt_len + req.sampling.max_new_tokens
+    if total > info.max_model_len:
+        raise errors.context_length_exceeded(
+            f"prompt ({req.prompt_len}) + max_new_tokens ({req.sampling.max_new_tokens}) "
+            f"exceeds the model's context length {info.max_model_len}"
+        )
+    if total > info.kv_slots:
+        raise errors.invalid_request(
+            f"request needs up to {total} KV slots; this worker has {info.kv_slots}: "
+            "lower max_tokens"
+        )
+    if not 0 <= req.sampling.top_logprobs_num <= MAX_TOP_LOGPROBS:
+        raise errors.invalid_request(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
+    ids = np.asarray(req.input_ids)
+    if not len(ids) or ids.min() < 0 or ids.max() >= info.vocab_size:
+        raise errors.invalid_request(f"token ids must lie in [0, {info.vocab_size})")
