@@ -1,0 +1,20 @@
+"""The scheduler's flags reach its configuration."""
+
+from __future__ import annotations
+
+from services.scheduler.__main__ import build_config, parse_args
+
+
+def test_overlap_is_on_unless_disabled(monkeypatch):
+    monkeypatch.delenv("RADIXMESH_DISABLE_OVERLAP_SCHEDULE", raising=False)
+    assert build_config(parse_args([])).batcher.overlap
+    assert not build_config(parse_args(["--disable-overlap-schedule"])).batcher.overlap
+    monkeypatch.setenv("RADIXMESH_DISABLE_OVERLAP_SCHEDULE", "1")
+    assert not build_config(parse_args([])).batcher.overlap
+
+
+def test_batching_flags():
+    cfg = build_config(parse_args(["--chunked-prefill-size", "64", "--schedule-policy", "lpm",
+                                   "--disable-radix-cache", "--page-size", "4"])).batcher
+    assert (cfg.chunked_prefill_size, cfg.schedule_policy, cfg.enable_cache, cfg.page_size) == (
+        64, "lpm", False, 4)
