@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from libs.protocol import errors
+from libs.protocol import ServiceError, errors
 from libs.protocol.messages import (
     ErrorInfo, ForwardBatch, ForwardResult, KVEvent, KVEventBatch, KVSnapshot,
     SchedStats, TokenDelta, WorkerInfo,
@@ -53,6 +53,7 @@ class BatcherConfig:
 
 
 QUEUE_PEEK = 256  # waiting requests whose cached prefix a load report looks up
+EARLY_ABORTS = 4096  # aborts of not (yet) known rids remembered
 
 
 class Batcher:
@@ -70,6 +71,7 @@ class Batcher:
         self.running: list[Req] = []
         self.new_token_ratio = config.init_new_token_ratio
         self._by_rid: dict[str, Req] = {}
+        self._early_aborts: OrderedDict[str, bool] = OrderedDict()  # aborts of unknown rids
         self._out: list[tuple[str, TokenDelta]] = []
         self._inflight: deque[Plan] = deque()  # steps built, results not yet applied
         self.last_plan: Plan | None = None
@@ -81,6 +83,8 @@ class Batcher:
     # -- intake ---------------------------------------------------------------
 
     def submit(self, req: Req) -> int:
+        if self._early_aborts.pop(req.rid, False):
+            raise ServiceError("aborted", f"request {req.rid} was aborted before it arrived", 409)
         if req.rid in self._by_rid:
             raise errors.invalid_request(f"request id {req.rid} is already queued")
         if len(self.waiting) >= self.config.max_queued_requests:
@@ -96,6 +100,11 @@ class Batcher:
     def abort(self, rid: str, reason: str = "abort") -> bool:
         req = self._by_rid.get(rid)
         if req is None:
+            # NOTE: a submit the gateway gave up on may still be on its way: remember
+            # the abort (bounded) so it is refused instead of computed for no one
+            self._early_aborts[rid] = True
+            if len(self._early_aborts) > EARLY_ABORTS:
+                self._early_aborts.popitem(last=False)
             return False
         req.aborted = True
         if req in self.waiting:

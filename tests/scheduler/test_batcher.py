@@ -279,3 +279,15 @@ def test_queued_prefill_tokens_leave_out_the_cached_prefix():
     cached = b.cache.prefix_len(b.waiting[0])
     assert cached >= 48
     assert b.queued_prefill_tokens() == 3 * (72 - cached)
+
+
+def test_an_abort_that_overtakes_its_submit_refuses_it():
+    """The gateway gave up on a submit (no reply in time) and aborted it; if the
+    submit arrives after the abort, it is refused instead of computed for no one."""
+    b, _ = make()
+    assert not b.abort("late")
+    with pytest.raises(ServiceError) as err:
+        b.submit(req("late"))
+    assert (err.value.code, err.value.status) == ("aborted", 409)
+    b.submit(req("late"))  # remembered once: a later, real request with that id runs
+    assert [r.rid for r in b.waiting] == ["late"]
