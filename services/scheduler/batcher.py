@@ -141,11 +141,6 @@ class Batcher:
         self.last_plan = plan
         return batch
 
-    @property
-    def in_flight(self) -> int:
-        """Steps built whose results have not been applied."""
-        return len(self._inflight)
-
     def _launch(self, plan: Plan) -> None:
         """The step is sent: its KV positions count as written (later steps run
         after it), its sampled tokens as ``ahead``, its logprobs as reported."""
@@ -159,7 +154,6 @@ class Batcher:
             samples = req.kv_len >= req.fill_len + req.ahead
             plan.samples.append(samples)
             req.ahead += samples
-            req.inflight += 1
         for (req, _), decode in zip(plan.items, plan.decodes):
             if not decode:  # NOTE: shareable now: any step sent later reads it after it is written
                 self.cache.cache_prefix(req)
@@ -174,7 +168,6 @@ class Batcher:
         lp_at = np.cumsum([0, *plan.lp_counts]).tolist()
         for i, ((req, n), token) in enumerate(zip(plan.items, result.next_token_ids)):
             samples = plan.samples[i]
-            req.inflight -= 1
             req.ahead -= samples
             if req.finish_reason is not None:
                 continue  # it ended while this step ran (a stop, an abort): token dropped

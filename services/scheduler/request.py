@@ -55,7 +55,6 @@ class Req:
     lp_next: int = -1
     lp_pending: Logprobs | None = None
     ahead: int = 0  # tokens sampled by steps in flight, not yet in output_ids
-    inflight: int = 0  # steps in flight that carry this request
 
     def __post_init__(self) -> None:
         if self.sampling.seed is not None:
