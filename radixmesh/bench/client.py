@@ -24,8 +24,8 @@ from .record import Record
 from .tokens import ChatTokenizer
 
 APIS = ("generate", "chat")
-# NOTE: the gateway does not say yet which worker served a request; when it sets
-# this response header, records carry it.
+# NOTE: the gateway names the worker that took a request in this header; /generate's
+# last event says which one finished it (another after a move)
 WORKER_HEADER = "x-radixmesh-worker"
 
 
@@ -122,6 +122,7 @@ class StreamClient:
         record.cached_tokens = meta.get("cached_tokens") or 0
         record.finish_reason = (meta.get("finish_reason") or {}).get("type")
         record.server_ttft_s = meta.get("ttft_s")
+        record.worker = meta.get("worker") or record.worker
 
     async def _chat(self, messages: list[dict[str, str]], max_tokens: int, record: Record,
                     index: int) -> None:

@@ -25,6 +25,7 @@ class Completion:
     finish_reason: str
     usage: Usage
     logprobs: Logprobs | None = None  # requests with return_logprob
+    worker: str = ""  # the worker that finished it (another than the first after a move)
 
 
 class Generation:
@@ -231,4 +232,4 @@ class Generation:
         if self._error is not None:
             raise self._error
         return Completion(self.rid, "".join(texts), ids, finish, self.final_usage(),
-                          merge_logprobs(logprobs))
+                          merge_logprobs(logprobs), self.worker_id)

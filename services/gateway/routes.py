@@ -50,8 +50,18 @@ class GatewaySettings:
         return frozenset((self.served_model_name, *self.model_aliases))
 
 
-def json_response(body: dict, status: int = 200) -> Response:
-    return Response(_json.encode(body), status, media_type="application/json")
+# NOTE: the worker that served a generation (for streams: the first one; /generate's
+# last event and non-stream bodies also say it in meta_info.worker, after any move)
+WORKER_HEADER = "x-radixmesh-worker"
+
+
+def json_response(body: dict, status: int = 200, worker: str = "") -> Response:
+    headers = {WORKER_HEADER: worker} if worker else None
+    return Response(_json.encode(body), status, headers=headers, media_type="application/json")
+
+
+def sse_response(gen: Generation, events: AsyncIterator[bytes]) -> SSEResponse:
+    return SSEResponse(events, on_close=gen.close, headers={WORKER_HEADER: gen.worker_id})
 
 
 def endpoint(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -138,10 +148,12 @@ class GenerationRoutes:
         deadline = self._prepare(request, req, body.timeout)
         if body.stream:
             gen = await run_until_disconnect(request.receive, self._submit(req, deadline))
-            return SSEResponse(native_events(gen, deadline), on_close=gen.close)
+            return sse_response(gen, native_events(gen, deadline))
         done = await run_until_disconnect(request.receive, deadline.run(self._complete(req)))
-        return json_response(native_body(done.rid, done.text, done.token_ids,
-                                         done.finish_reason, done.usage, done.logprobs))
+        body = native_body(done.rid, done.text, done.token_ids, done.finish_reason, done.usage,
+                           done.logprobs)
+        body["meta_info"]["worker"] = done.worker
+        return json_response(body, worker=done.worker)
 
     async def _openai(self, request: Request, body, req: GenerationRequest, chat: bool) -> Response:
         model = self.settings.served_model_name
@@ -150,9 +162,9 @@ class GenerationRoutes:
             gen = await run_until_disconnect(request.receive, self._submit(req, deadline))
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             fmt = OpenAIFormat(gen.rid, model, chat, include_usage)
-            return SSEResponse(openai_events(gen, fmt, deadline), on_close=gen.close)
+            return sse_response(gen, openai_events(gen, fmt, deadline))
         done = await run_until_disconnect(request.receive, deadline.run(self._complete(req)))
-        return json_response(OpenAIFormat(done.rid, model, chat).response(done, req))
+        return json_response(OpenAIFormat(done.rid, model, chat).response(done, req), worker=done.worker)
 
     async def _openai_batch(self, request: Request, body, reqs: list[GenerationRequest]) -> Response:
         """Several prompts (non-stream): concurrent generations, choice i for prompt i."""
@@ -236,6 +248,8 @@ async def native_events(gen: Generation,
                 ids.extend(delta.token_ids)
                 usage = delta_usage(delta, gen.prompt_tokens, len(ids))
                 body = native_body(gen.rid, text, ids, delta.finish_reason, usage)
+                if delta.finish_reason is not None:
+                    body["meta_info"]["worker"] = gen.worker_id
                 if delta.finish_reason is not None and gen.first_token_at is not None:
                     # NOTE: the value the TTFT histogram observed, for client-side checks
                     body["meta_info"]["ttft_s"] = gen.first_token_at - gen.started

@@ -72,10 +72,11 @@ class SSEResponse:
     """
 
     def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None] | None = None,
-                 status_code: int = 200) -> None:
+                 status_code: int = 200, headers: dict[str, str] | None = None) -> None:
         self.events = events
         self.on_close = on_close
         self.status_code = status_code
+        self.headers = _HEADERS + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -90,7 +91,7 @@ class SSEResponse:
                 self.on_close()
 
     async def _stream(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": _HEADERS})
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
         async for chunk in self.events:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -33,6 +33,7 @@ def test_quick_bench_writes_consistent_records(tmp_path):
         assert len(r["itl_s"]) == r["completion_tokens"] - 1
         assert r["prompt_tokens"] == r["client_prompt_tokens"]
         assert 0 <= r["cached_tokens"] <= r["prompt_tokens"]
+    assert all(r["worker"] for r in stack) and all(r["worker"] is None for r in hf)
     by_id = {r["id"]: r for r in stack}
     for r in stack:  # a follow-up was sent only after its parents had finished
         for parent in r["depends_on"]:

@@ -57,6 +57,18 @@ async def test_generate(client, played):
     assert (meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"]) == (3, 4, 2)
     assert meta["finish_reason"] == {"type": "length"}
     assert played.encodes[0].add_generation_prompt is False
+    assert meta["worker"] == resp.headers["x-radixmesh-worker"] == "w1"
+
+
+async def test_the_worker_is_named_in_headers_and_after_a_move(client, played):
+    played.lost_workers, played.lost_after = {"w1"}, 2
+    resp = await client.post("/generate", json={"input_ids": [1, 2], "stream": True})
+    assert resp.headers["x-radixmesh-worker"] == "w1"  # the stream began there
+    objs = parse_sse(resp.content)[:-1]
+    assert objs[-1]["text"] == "w0 w1 w2 w3 " and objs[-1]["meta_info"]["worker"] == "w2"
+    assert all("worker" not in o["meta_info"] for o in objs[:-1])
+    chat = await client.post("/v1/chat/completions", json=CHAT)
+    assert chat.headers["x-radixmesh-worker"] == "w2"  # non-stream: the worker that finished it
 
 
 async def test_chat_stream_chunks(client, played):
