@@ -80,6 +80,8 @@ class SamplingParams(Base):
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    # constrained decoding: the output must fully match this regex ("": free)
+    regex: str = ""
 
 
 class EncodeRequest(Base, tag="encode.v1"):
@@ -376,6 +378,15 @@ class NewRow(Base, array_like=True):
     top_k: int
     seed: int
     prefix_slots: list[int] = []
+    # constrained decoding (``regex`` non-empty): each sampled token must keep the
+    # output a prefix of a full match, and an id of ``end_ids`` may end it only
+    # once it matches. Samples count from the step that makes the row's length
+    # reach ``regex_from`` (earlier chunks of a prefill sample nothing kept);
+    # ``regex_tokens``: output already generated (a resumed request) to replay.
+    regex: str = ""
+    regex_from: int = 0
+    regex_tokens: list[int] = []
+    end_ids: list[int] = []
 
 
 class ForwardBatch(Base, tag="forward.v1"):

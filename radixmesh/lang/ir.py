@@ -28,6 +28,7 @@ class Gen(_Addable):
     max_tokens: int = 128
     stop: str | list[str] | None = None
     temperature: float = 0.0
+    regex: str | None = None  # the generated text fully matches it (constrained decoding)
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,14 @@ def _parts(x) -> tuple:
 
 
 def gen(name: str, max_tokens: int = 128, stop: str | list[str] | None = None,
-        temperature: float = 0.0) -> Gen:
-    """Generate up to ``max_tokens`` (greedy by default) until ``stop``."""
+        temperature: float = 0.0, regex: str | None = None) -> Gen:
+    """Generate up to ``max_tokens`` (greedy by default) until ``stop``; with
+    ``regex``, only text that fully matches it (the server constrains each token)."""
     if max_tokens < 1:
         raise ValueError("gen: max_tokens must be >= 1")
-    return Gen(name, max_tokens, stop, temperature)
+    if regex is not None and not regex:
+        raise ValueError("gen: regex must not be empty")
+    return Gen(name, max_tokens, stop, temperature, regex)
 
 
 def select(name: str, choices: Sequence[str], normalize: bool = False) -> Select:

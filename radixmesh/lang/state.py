@@ -200,7 +200,7 @@ class ProgramState:
             self._open = None
 
     async def _gen(self, g: Gen) -> None:
-        params = dict(max_tokens=g.max_tokens, stop=g.stop, temperature=g.temperature)
+        params = dict(max_tokens=g.max_tokens, stop=g.stop, temperature=g.temperature, regex=g.regex)
         if self._chat:
             if self._open is None or self._open["role"] != "assistant" or self._open["content"]:
                 raise LangError("in a chat program, gen() is the whole of an assistant message")

@@ -36,6 +36,7 @@ class GenerationRequest:
     # how the response shows it: the prompt echoed first; logprobs in the body
     echo: bool = False
     show_logprobs: bool = False
+    regex: str = ""  # constrained decoding: the output fully matches it
 
     def sampling(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(
@@ -43,7 +44,7 @@ class GenerationRequest:
             top_k=self.top_k, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
             return_logprob=self.return_logprob, logprob_start_len=self.logprob_start_len,
-            top_logprobs_num=self.top_logprobs_num,
+            top_logprobs_num=self.top_logprobs_num, regex=self.regex,
         )
 
 

@@ -27,6 +27,8 @@ TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 Stop = str | Annotated[list[str], Meta(max_length=MAX_STOP)]
 # prefix-cache namespace: requests with different salts never share cached KV
 CacheSalt = Annotated[str, Meta(max_length=256)]
+# constrained decoding (SGLang's ``regex``): the output fully matches it
+Regex = Annotated[str, Meta(min_length=1, max_length=4096)]
 
 
 class _Body(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -70,6 +72,7 @@ class OpenAIRequestBase(_Body, kw_only=True):
     stop_token_ids: list[TokenId] | None = None
     cache_salt: CacheSalt | None = None
     timeout: Timeout | None = None
+    regex: Regex | None = None
 
 
 class ChatCompletionRequest(OpenAIRequestBase, kw_only=True):
@@ -99,6 +102,7 @@ class SamplingParamsBody(_Body, kw_only=True):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    regex: Regex | None = None
 
 
 class GenerateRequest(_Body, kw_only=True):

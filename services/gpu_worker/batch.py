@@ -111,6 +111,7 @@ def parse_batch(batch: ForwardBatch, lim: Limits) -> StepArrays:
            "(or -1: the row's last sampled token)")
     _check(_within(slots, lim.kv_slots) and len(np.unique(slots)) == t, "out_slots out of range or repeated")
     _check_new_rows(batch.new_rows, lim.max_requests)
+    _check_constrained_rows([r for r in batch.new_rows if r.regex], lim.vocab_size)
     shared = _prefix_slots(batch.new_rows, lim)
     if t == b:  # NOTE: decode-only step, the common case: one token per request
         token_rows, positions = rows, prefix
@@ -163,6 +164,16 @@ def _check_new_rows(new_rows: list[NewRow], max_requests: int) -> None:
     _check(bool(((top_p > 0) & (top_p <= 1)).all()), "new_rows: top_p must be in (0, 1]")
     _check(all(-(1 << 63) <= r.seed < (1 << 64) for r in new_rows), "new_rows: seed must fit 64 bits")
     _ints([r.top_k for r in new_rows], "new_rows.top_k")
+
+
+def _check_constrained_rows(new_rows: list[NewRow], vocab_size: int) -> None:
+    for r in new_rows:
+        _check(bool(r.end_ids), "new_rows: a row with a regex needs end_ids (how it may end)")
+        _check(_within(_ints(r.end_ids, "new_rows.end_ids"), vocab_size),
+               f"new_rows.end_ids: token id out of range [0, {vocab_size})")
+        _check(_within(_ints(r.regex_tokens, "new_rows.regex_tokens"), vocab_size),
+               f"new_rows.regex_tokens: token id out of range [0, {vocab_size})")
+        _check(r.regex_from >= 0, "new_rows.regex_from must be >= 0")
 
 
 def _ints(values: list[int], name: str) -> np.ndarray:

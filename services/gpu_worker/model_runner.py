@@ -8,11 +8,13 @@ import numpy as np
 import torch
 
 from libs.kernels import AttentionMetadata, KVPool, default_backend, get_backend
+from libs.kernels.regex_fsm import token_texts
 from libs.protocol.errors import invalid_request
 from libs.protocol.messages import ForwardBatch
 from radixmesh.models import resolve_model
 
 from .batch import Limits, LogprobPlan, StepArrays, parse_batch, parse_logprobs
+from .constraints import Constraints
 from .model import LlamaModel
 from .sampler import Sampler, token_logprobs
 
@@ -66,6 +68,7 @@ class ModelRunner:
         # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]
         self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)
         self.sampler = Sampler(config.max_requests, mc.vocab_size, self.device)
+        self.constraints = Constraints(config.max_requests, mc.vocab_size, self._token_texts, self.device)
         # NOTE: each row's last sampled token and its step: a step sent before the
         # previous one's result reads its input from here (input id -1)
         self.last_tokens = torch.zeros(config.max_requests, dtype=torch.int64, device=self.device)
@@ -98,13 +101,28 @@ class ModelRunner:
         extra = plan.index if plan is not None else None
         step, logits = self._forward(batch, step, extra)
         b = len(step.rows)
-        seq_lens = torch.from_numpy(step.seq_lens).to(self.device)
-        next_ids = self.sampler.sample(logits[:b], step.rows, seq_lens)
+        next_ids = self._sample(logits[:b], step)
         self.last_tokens[torch.from_numpy(step.rows).to(self.device)] = next_ids
         self.sampled_step[step.rows] = batch.step
         if plan is None or not len(plan):
             return StepOutput(next_ids.tolist())
         return self._logprobs(plan, logits[b:], next_ids)
+
+    def _sample(self, logits: torch.Tensor, step: StepArrays) -> torch.Tensor:
+        """Next tokens; rows with a regex choose only among the tokens it allows.
+        NOTE: logprobs stay the model's own (computed from unmasked logits)."""
+        which = self.constraints.constrained(step.rows)
+        if len(which):
+            self.constraints.mask(logits, step.rows, which)
+        next_ids = self.sampler.sample(logits, step.rows, torch.from_numpy(step.seq_lens).to(self.device))
+        if len(which):
+            self.constraints.advance(step.rows, which, step.seq_lens, next_ids)
+        return next_ids
+
+    def _token_texts(self) -> list[str | None]:
+        from transformers import AutoTokenizer
+
+        return token_texts(AutoTokenizer.from_pretrained(self.path), self.vocab_size)
 
     def _logprobs(self, plan: LogprobPlan, logits: torch.Tensor, next_ids: torch.Tensor) -> StepOutput:
         dev = self.device
@@ -126,6 +144,7 @@ class ModelRunner:
         ``extra`` (flat token indices), in one LM-head pass."""
         ids = self._input_ids(batch, step)
         self.sampler.set_rows(batch.new_rows)
+        self.constraints.set_rows(batch.new_rows)
         self.sampled_step[[r.row for r in batch.new_rows]] = -2
         dev = self.device
         if len(step.shared_slots):

@@ -29,7 +29,7 @@ from libs.protocol.messages import (
 )
 
 from .allocator import RowAllocator
-from .intake import check_request
+from .intake import check_request, end_ids
 from .kv_cache import KVCache
 from .logprobs import pop_logprobs, take_logprobs
 from .planner import Plan, plan_step, prefix_cap
@@ -93,6 +93,8 @@ class Batcher:
                 f"(--max-queued-requests={self.config.max_queued_requests}); retry later"
             )
         check_request(req, self.info)
+        if req.sampling.regex:
+            req.end_ids = end_ids(req, self.info.eos_token_ids)
         self.waiting.append(req)
         self._by_rid[req.rid] = req
         return len(self.waiting) - 1

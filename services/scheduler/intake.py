@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from libs.kernels.regex_fsm import RegexError, parse_regex
 from libs.protocol import errors
 from libs.protocol.messages import WorkerInfo
 
@@ -31,3 +34,29 @@ def check_request(req: Req, info: WorkerInfo) -> None:
     ids = np.asarray(req.input_ids)
     if not len(ids) or ids.min() < 0 or ids.max() >= info.vocab_size:
         raise errors.invalid_request(f"token ids must lie in [0, {info.vocab_size})")
+    if req.sampling.regex:
+        check_regex(req.sampling.regex)
+        if req.sampling.ignore_eos:
+            raise errors.invalid_request("regex and ignore_eos exclude each other: a "
+                                         "constrained output ends when it matches")
+        if not end_ids(req, info.eos_token_ids):
+            raise errors.invalid_request("regex needs an end token: the model has no EOS "
+                                         "token, so give stop_token_ids")
+
+
+def end_ids(req: Req, eos: list[int] | frozenset[int]) -> list[int]:
+    """The ids that end ``req``: its stop token ids, and EOS unless ignored."""
+    ids = set(req.sampling.stop_token_ids)
+    if not req.sampling.ignore_eos:
+        ids.update(eos)
+    return sorted(ids)
+
+
+@functools.lru_cache(maxsize=256)
+def check_regex(pattern: str) -> None:
+    """400 unless ``pattern`` is a regex the worker can compile (syntax, supported
+    constructs, size: milliseconds). Cached: a pattern is checked once."""
+    try:
+        parse_regex(pattern)
+    except RegexError as exc:
+        raise errors.invalid_request(f"regex: {exc}") from None

@@ -66,6 +66,7 @@ class Plan:
                     row=req.row, temperature=req.sampling.temperature, top_p=req.sampling.top_p,
                     top_k=req.sampling.top_k, seed=req.seed,
                     prefix_slots=req.all_slots()[: req.kv_len].tolist(),
+                    **regex_fields(req),
                 ))
         batch = ForwardBatch(step=step, new_rows=new_rows, rows=rows, prefix_lens=prefix,
                              extend_lens=extend, input_ids=ids, out_slots=self.slots.tolist())
@@ -73,6 +74,15 @@ class Plan:
             batch.logprob_from, batch.logprob_count, batch.logprob_next = map(list, zip(*lp))
             batch.top_logprobs_num = [r.sampling.top_logprobs_num for r, _ in self.items]
         return batch
+
+
+def regex_fields(req: Req) -> dict:
+    """A constrained request's automaton for a new row: it starts after the output
+    so far (replayed on a resume), and counts samples from the last fill chunk."""
+    if not req.sampling.regex:
+        return {}
+    return dict(regex=req.sampling.regex, regex_from=req.fill_len,
+                regex_tokens=list(req.output_ids), end_ids=req.end_ids)
 
 
 def logprob_window(req: Req, n: int) -> tuple[int, int, int]:

@@ -55,6 +55,7 @@ class Req:
     lp_next: int = -1
     lp_pending: Logprobs | None = None
     ahead: int = 0  # tokens sampled by steps in flight, not yet in output_ids
+    end_ids: list[int] = field(default_factory=list)  # with sampling.regex: ids that may end it
 
     def __post_init__(self) -> None:
         if self.sampling.seed is not None:

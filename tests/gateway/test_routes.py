@@ -92,6 +92,9 @@ BAD_CHAT = [
     ({"user": 5}, "user", ""),
     ({"stop_token_ids": [-1]}, "stop_token_ids[0]", ""),
     ({"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens", "differ"),
+    ({"regex": ""}, "regex", "length >= 1"),
+    ({"regex": "a" * 4097}, "regex", "length <= 4096"),
+    ({"regex": "[0-9]+", "ignore_eos": True}, "regex", "ignore_eos"),
 ]
 
 
@@ -136,6 +139,9 @@ BAD_GENERATE = [
     ({"text": "a", "sampling_params": {"top_k": 0.5}}, "sampling_params.top_k", ""),
     ({"text": "a", "sampling_params": {"top_k": -2}}, "sampling_params.top_k", ""),
     ({"text": "a", "model": "x"}, "model", "Unrecognized"),
+    ({"text": "a", "sampling_params": {"regex": 5}}, "sampling_params.regex", "str"),
+    ({"text": "a", "sampling_params": {"regex": "a+", "ignore_eos": True}},
+     "sampling_params.regex", "ignore_eos"),
 ]
 
 
@@ -198,7 +204,11 @@ async def test_valid_requests_are_converted(client, backend):
     await client.post("/v1/completions", json={**COMPLETION, "prompt": [1, 2, 3]})
     await client.post("/v1/completions", json={**COMPLETION, "prompt": ["only"], "max_tokens": 3})
     await client.post("/generate", json={"input_ids": [4, 5], "sampling_params": {"temperature": 0.5}})
-    chat, ids, text, native = backend.requests
+    await client.post("/v1/completions", json={**COMPLETION, "regex": "(yes|no)"})
+    await client.post("/generate", json={"text": "q", "sampling_params": {"regex": "[0-9]{2}"}})
+    chat, ids, text, native, regex, native_regex = backend.requests
+    assert (regex.regex, native_regex.regex, chat.regex) == ("(yes|no)", "[0-9]{2}", "")
+    assert regex.sampling(4).regex == "(yes|no)"
     assert [(m.role, m.content) for m in chat.messages] == [("system", "be brief"), ("user", "ab"), ("assistant", "")]
     assert (chat.max_new_tokens, chat.temperature, chat.top_k, chat.seed) == (7, 0.0, -1, 5)
     assert (chat.stop, chat.stop_token_ids, chat.ignore_eos) == (["END"], [2], True)

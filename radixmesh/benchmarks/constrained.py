@@ -1,0 +1,107 @@
+"""What regex-constrained generation costs, measured side by side in one run.
+
+1. Compiling: the vocabulary's token texts (once per worker), then each pattern
+   into a token automaton (once per pattern; cached after): seconds, states, MB.
+2. Decoding: the worker's ModelRunner steps with every row free vs every row
+   constrained, interleaved rounds, median step time per batch size.
+
+    python -m radixmesh.benchmarks.constrained [--batches 1 8 32] [--steps 16] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from libs.kernels.regex_fsm import Vocab, compile_regex, token_texts
+from libs.protocol.messages import ForwardBatch, NewRow
+from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
+
+PATTERNS = {
+    "yes/no": r"(yes|no)",
+    "date": r"\d{4}-\d{2}-\d{2}",
+    "name": r"[A-Z][a-z]+( [A-Z][a-z]+)*",
+    "email": r"[a-z0-9._]{1,20}@[a-z]{1,12}\.(com|org|net)",
+    "json": r'\{"name": "[^"]{1,20}", "age": \d{1,3}\}',
+    "sentence": r"[A-Za-z ,]{1,200}\.",
+}
+DECODE_PATTERN = r"[a-z ]{1,400}"  # never complete within the benchmark's steps
+GREEDY = dict(temperature=0.0, top_p=1.0, top_k=-1, seed=0)
+
+
+def compile_table(runner: ModelRunner) -> list[str]:
+    from transformers import AutoTokenizer
+
+    start = time.perf_counter()
+    texts = token_texts(AutoTokenizer.from_pretrained(runner.path), runner.vocab_size)
+    vocab = Vocab(texts)
+    usable = sum(t is not None for t in texts)
+    lines = [f"token texts + vocabulary: {time.perf_counter() - start:.2f} s "
+             + f"({usable:,} of {len(texts):,} ids usable)", "",
+             "| pattern | regex | compile (s) | states | table (MB) |", "|---|---|---|---|---|"]
+    for name, pattern in PATTERNS.items():
+        start = time.perf_counter()
+        fsm = compile_regex(pattern, vocab)
+        took = time.perf_counter() - start
+        lines.append(f"| {name} | `{pattern}` | {took:.3f} | {fsm.num_states} | "
+                     f"{fsm.nbytes / 2**20:.1f} |")
+    return lines
+
+
+def step_times(runner: ModelRunner, batch: int, steps: int, regex: str, base_row: int) -> list[float]:
+    """Prefill ``batch`` rows of 64 tokens, then time ``steps`` decode steps each."""
+    rows = list(range(base_row, base_row + batch))
+    ends = runner.eos_token_ids
+    new = [NewRow(row=r, **GREEDY, regex=regex, regex_from=64, end_ids=ends if regex else [])
+           for r in rows]
+    ids = np.random.default_rng(batch).integers(1000, 20000, size=batch * 64).tolist()
+    slot = iter(range(runner.config.kv_slots))
+    runner.execute(ForwardBatch(step=0, new_rows=new, rows=rows, prefix_lens=[0] * batch,
+                                extend_lens=[64] * batch, input_ids=ids,
+                                out_slots=[next(slot) for _ in ids]))
+    times = []
+    for s in range(1, steps + 1):
+        batch_msg = ForwardBatch(step=s, new_rows=[], rows=rows, prefix_lens=[63 + s] * batch,
+                                 extend_lens=[1] * batch, input_ids=[-1] * batch,
+                                 out_slots=[next(slot) for _ in rows])
+        start = time.perf_counter()
+        runner.execute(batch_msg)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def decode_table(runner: ModelRunner, batches: list[int], steps: int, rounds: int) -> list[str]:
+    lines = ["| batch | free step (ms) | constrained step (ms) | constrained / free |",
+             "|---|---|---|---|"]
+    step_times(runner, batches[0], 2, DECODE_PATTERN, 0)  # compile + warm up, not timed
+    for b in batches:
+        free, constrained = [], []
+        for _ in range(rounds):  # NOTE: interleaved, so machine noise hits both alike
+            free += step_times(runner, b, steps, "", 0)
+            constrained += step_times(runner, b, steps, DECODE_PATTERN, 0)
+        f, c = statistics.median(free) * 1e3, statistics.median(constrained) * 1e3
+        lines.append(f"| {b} | {f:.1f} | {c:.1f} | {c / f:.2f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    runner = ModelRunner(RunnerConfig(kv_slots=max(args.batches) * (64 + args.steps + 1),
+                                      max_requests=max(args.batches)))
+    print("\n".join(compile_table(runner)))
+    print()
+    print("\n".join(decode_table(runner, args.batches, args.steps, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()
