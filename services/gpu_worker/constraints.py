@@ -34,10 +34,12 @@ class DeviceFSM:
         if fsm is None:  # NOTE: a pattern this vocabulary cannot spell: dead from the start
             self.next_state = torch.full((1, 1), DEAD, dtype=torch.int32, device=device)
             self.accepting = torch.zeros(1, dtype=torch.bool, device=device)
+            self.allowed = torch.zeros(1, 1, dtype=torch.bool, device=device)
             return
         # NOTE: shares the compiled table's memory on a CPU (int16 unless it has many states)
         self.next_state = torch.from_numpy(fsm.next_state).to(device)
         self.accepting = torch.from_numpy(fsm.accepting).to(device)
+        self.allowed = self.next_state >= 0  # [S, V] bool: one gather per step masks a batch
 
     def start(self, replay: list[int]) -> int:
         return DEAD if self.fsm is None else self.fsm.walk(replay)
@@ -81,9 +83,12 @@ class Constraints:
         for pattern, idx in self._groups(rows, which):
             dfsm = self._device_fsms[pattern]
             states = self.state[rows[idx]]
-            allowed = self._allowed(dfsm, states, rows[idx], logits.shape[-1])
-            at = torch.from_numpy(idx).to(logits.device)
-            logits[at] = logits[at].masked_fill(~allowed, float("-inf"))
+            banned = ~self._allowed(dfsm, states, rows[idx], logits.shape[-1])
+            if len(idx) == len(rows):  # NOTE: the whole batch: in place, no copy
+                logits.masked_fill_(banned, float("-inf"))
+            else:
+                at = torch.from_numpy(idx).to(logits.device)
+                logits[at] = logits[at].masked_fill(banned, float("-inf"))
 
     def advance(self, rows: np.ndarray, which: np.ndarray, seq_lens: np.ndarray,
                 tokens: torch.Tensor) -> None:
@@ -105,10 +110,13 @@ class Constraints:
         it matches already or nothing else could follow."""
         st = torch.from_numpy(states).to(self.device)
         live = st >= 0
-        allowed = torch.zeros(len(states), vocab, dtype=torch.bool, device=self.device)
-        table = dfsm.next_state[st.clamp(min=0)]  # [n, table vocab]
-        width = min(vocab, table.shape[1])
-        allowed[:, :width] = (table[:, :width] >= 0) & live[:, None]
+        table = dfsm.allowed[st.clamp(min=0)]  # [n, table vocab]
+        if table.shape[1] == vocab:
+            allowed = table & live[:, None]
+        else:  # NOTE: a dead-from-the-start pattern's 1-column table
+            allowed = torch.zeros(len(states), vocab, dtype=torch.bool, device=self.device)
+            width = min(vocab, table.shape[1])
+            allowed[:, :width] = table[:, :width] & live[:, None]
         may_end = ~allowed.any(dim=1) | (live & dfsm.accepting[st.clamp(min=0)])
         ends = [self.end_ids[r] for r in rows]
         owner = np.repeat(np.arange(len(rows)), [len(e) for e in ends])
@@ -139,6 +147,9 @@ class Constraints:
             # NOTE: the scheduler checked the syntax; what is left is a pattern the
             # vocabulary cannot spell: the row may only end
             log.warning("regex %.80r cannot be generated with this vocabulary: %s", pattern, exc)
+            fsm = None
+        except Exception:  # noqa: BLE001 - one row's pattern must not fail the whole step
+            log.exception("regex %.80r failed to compile; its rows may only end", pattern)
             fsm = None
         if len(self._device_fsms) >= MAX_PATTERNS:
             in_use = {p for p, on in zip(self.pattern, self.has_pattern) if on}
