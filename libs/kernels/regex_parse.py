@@ -8,7 +8,7 @@ builds the tree (:func:`parse_pattern`). Supported: Python ``re`` syntax for lit
 ``^``/``\\A`` as the very first and ``$``/``\\Z`` as the very last token (no-ops under
 fullmatch). Not supported (``RegexError``): lookaround, backreferences, conditionals,
 atomic groups, possessive quantifiers, anchors or ``\\b \\B`` anywhere else, flags
-other than ``i``/``s``, patterns over 4096 chars, classes spanning more than 32768
+other than ``i``/``s``, patterns over 16384 chars, classes spanning more than 32768
 chars in total.
 NOTE: ``\\d \\w \\s`` and their negations are the ASCII classes (as under
 ``re.ASCII``).
@@ -24,7 +24,9 @@ import warnings
 import interegular
 from interegular.patterns import Pattern
 
-MAX_PATTERN_CHARS = 4096
+# NOTE: a user's own regex is capped at 4096 chars by the gateway; patterns built from a
+# JSON schema may be longer (their automaton size is what MAX_STATES bounds)
+MAX_PATTERN_CHARS = 16384
 MAX_CLASS_CHARS = 1 << 15  # interegular keeps every char of a class in a set: bound that work
 
 _UNSUPPORTED_OPS = {

@@ -10,6 +10,7 @@ from .schemas import (
     ChatCompletionRequest, CompletionRequest, GenerateRequest, Message, SamplingParamsBody,
     OpenAIRequestBase,
 )
+from .structured import output_regex
 
 
 def check_model(model: str, accepted: frozenset[str]) -> None:
@@ -111,7 +112,8 @@ def generate_request(body: GenerateRequest) -> GenerationRequest:
         ignore_eos=sp.ignore_eos, skip_special_tokens=sp.skip_special_tokens,
         cache_salt=body.cache_salt or "", return_logprob=body.return_logprob,
         logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num,
-        show_logprobs=body.return_logprob, regex=_regex(sp.regex, sp.ignore_eos, "sampling_params."),
+        show_logprobs=body.return_logprob,
+        regex=output_regex(sp.regex, ignore_eos=sp.ignore_eos, where="sampling_params."),
     )
 
 
@@ -130,16 +132,8 @@ def _sampling(body: OpenAIRequestBase) -> GenerationRequest:
         top_k=_top_k(body.top_k, "top_k"), seed=body.seed, stop=_stop(body.stop),
         stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos,
         skip_special_tokens=body.skip_special_tokens, cache_salt=body.cache_salt or "",
-        regex=_regex(body.regex, body.ignore_eos),
+        regex=output_regex(body.regex, body.response_format, body.ignore_eos),
     )
-
-
-def _regex(regex: str | None, ignore_eos: bool, where: str = "") -> str:
-    """The pattern itself is checked by the scheduler, which every request reaches."""
-    if regex and ignore_eos:
-        raise bad_request("regex and ignore_eos exclude each other: a constrained output "
-                          "ends when it matches", where + "regex")
-    return regex or ""
 
 
 def _top_k(top_k: int | None, param: str) -> int:

@@ -6,7 +6,7 @@ than one field live in :mod:`services.gateway.convert`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -50,6 +50,20 @@ class Message(_Body, kw_only=True):
     name: str | None = None
 
 
+class JsonSchemaFormat(_Body, kw_only=True):
+    name: Annotated[str, Meta(max_length=64)] = "response"
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body, kw_only=True):
+    """OpenAI structured outputs: free text, any JSON object, or JSON under a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class OpenAIRequestBase(_Body, kw_only=True):
     """Fields shared by chat and text completions."""
 
@@ -73,6 +87,7 @@ class OpenAIRequestBase(_Body, kw_only=True):
     cache_salt: CacheSalt | None = None
     timeout: Timeout | None = None
     regex: Regex | None = None
+    response_format: ResponseFormat | None = None
 
 
 class ChatCompletionRequest(OpenAIRequestBase, kw_only=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -82,3 +83,21 @@ def test_a_program_fills_typed_fields(stack):
     with rl.Runtime(stack.url) as rt:
         state = profile.run(person="Ada Lovelace", runtime=rt)
     assert re.fullmatch(" " + DATE, state["born"]) and state["alive"] in (" yes", " no")
+
+
+def test_json_schema_response_format_gives_parseable_json(client):
+    schema = {"type": "object", "required": ["name", "age", "city"], "properties": {
+        "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"},
+        "city": {"type": "string", "enum": ["Paris", "London", "Rome"]}}}
+    out = client.chat.completions.create(
+        model="default", temperature=0, max_tokens=64,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    person = json.loads(out.choices[0].message.content)
+    assert set(person) == {"name", "age", "city"} and isinstance(person["age"], int)
+    assert person["city"] in ("Paris", "London", "Rome") and out.choices[0].finish_reason == "stop"
+    anything = client.chat.completions.create(
+        model="default", temperature=0, max_tokens=96, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "JSON for a book please"}])
+    assert anything.choices[0].finish_reason == "stop"  # (this prompt's object ends in 50 tokens)
+    assert isinstance(json.loads(anything.choices[0].message.content), dict)

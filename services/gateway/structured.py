@@ -1,0 +1,58 @@
+"""Structured output: a request's ``regex`` or ``response_format`` as the one
+regex its output must fully match ("" = free). JSON schemas become regexes here
+(libs/kernels/json_schema.py); the scheduler checks every pattern."""
+
+from __future__ import annotations
+
+from libs.kernels.json_schema import JSON_OBJECT_REGEX, SchemaError, schema_to_regex
+
+from .errors import bad_request
+from .schemas import ResponseFormat
+
+
+def output_regex(regex: str | None, response_format: ResponseFormat | None = None,
+                 ignore_eos: bool = False, where: str = "") -> str:
+    """The pattern the output must match; 400 for a contradictory or unusable ask."""
+    fmt = _format_regex(response_format)
+    if regex and fmt:
+        raise bad_request("give either regex or a JSON response_format, not both", "response_format")
+    pattern = regex or fmt
+    if pattern and ignore_eos:
+        raise bad_request("regex and ignore_eos exclude each other: a constrained output "
+                          "ends when it matches", where + ("regex" if regex else "response_format"))
+    return pattern
+
+
+def _format_regex(fmt: ResponseFormat | None) -> str:
+    if fmt is None or fmt.type == "text":
+        return ""
+    if fmt.type == "json_object":
+        return JSON_OBJECT_REGEX
+    spec = fmt.json_schema
+    if spec is None or spec.schema is None:
+        raise bad_request("response_format of type json_schema needs json_schema.schema",
+                          "response_format.json_schema")
+    try:
+        pattern = schema_to_regex(spec.schema)
+    except SchemaError as exc:
+        raise bad_request(f"json_schema: {exc}", _SCHEMA) from None
+    except RecursionError:
+        raise bad_request("json_schema: nested too deeply", _SCHEMA) from None
+    _check_size(pattern)
+    return pattern
+
+
+_SCHEMA = "response_format.json_schema.schema"
+
+
+def _check_size(pattern: str) -> None:
+    """The scheduler checks every pattern; a schema's is checked here too, so that a
+    schema too large for the automaton gets an answer about the schema."""
+    from libs.kernels.regex_dfa import parse_regex  # NOTE: numpy, only for JSON schemas
+    from libs.kernels.regex_parse import RegexError
+
+    try:
+        parse_regex(pattern)
+    except RegexError as exc:
+        raise bad_request(f"json_schema: too large to constrain generation ({exc}); "
+                          "bound fewer or shorter fields", _SCHEMA) from None

@@ -1,0 +1,53 @@
+"""response_format and regex become the one pattern a request's output must match."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from libs.kernels.json_schema import JSON_OBJECT_REGEX, schema_to_regex
+
+from .test_routes import CHAT, COMPLETION, _error, backend, client  # noqa: F401 - fixtures
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+def _format(schema=PERSON) -> dict:
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "person", "schema": schema, "strict": True}}}
+
+
+async def test_a_json_schema_becomes_the_requests_regex(client, backend):
+    await client.post("/v1/chat/completions", json={**CHAT, **_format()})
+    await client.post("/v1/completions", json={**COMPLETION, "response_format": {"type": "json_object"}})
+    await client.post("/v1/chat/completions", json={**CHAT, "response_format": {"type": "text"}})
+    schema, json_object, text = backend.requests
+    assert schema.regex == schema_to_regex(PERSON)
+    assert re.fullmatch(schema.regex, json.dumps({"name": "Ada", "age": 36}, separators=(",", ":")))
+    assert not re.fullmatch(schema.regex, json.dumps({"name": "Ada"}, separators=(",", ":")))
+    assert json_object.regex == JSON_OBJECT_REGEX and text.regex == ""
+
+
+@pytest.mark.parametrize("patch, param, contains", [
+    ({"response_format": {"type": "xml"}}, "response_format.type", "xml"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema", "schema"),
+    (_format({"type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}),
+     "response_format.json_schema.schema", "json_schema"),
+    ({**_format(), "regex": "a+"}, "response_format", "either"),
+    (_format({"type": "object", "required": ["a"],
+              "properties": {"a": {"type": "string", "maxLength": 2000}}}),
+     "response_format.json_schema.schema", "too large"),
+    (_format({"type": "string", "maxLength": 10**30}), "response_format.json_schema.schema",
+     "at most"),
+    ({**_format(), "ignore_eos": True}, "response_format", "ignore_eos"),
+    ({"response_format": {"type": "json_object", "extra": 1}}, "response_format.extra", "Unrecognized"),
+])
+async def test_unusable_formats_are_400(client, backend, patch, param, contains):
+    _error(await client.post("/v1/chat/completions", json={**CHAT, **patch}), 400, param, contains)
+    assert backend.requests == []
