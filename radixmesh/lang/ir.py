@@ -29,6 +29,7 @@ class Gen(_Addable):
     stop: str | list[str] | None = None
     temperature: float = 0.0
     regex: str | None = None  # the generated text fully matches it (constrained decoding)
+    json_schema: dict | None = None  # the generated text is JSON valid under it
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,17 @@ def _parts(x) -> tuple:
 
 
 def gen(name: str, max_tokens: int = 128, stop: str | list[str] | None = None,
-        temperature: float = 0.0, regex: str | None = None) -> Gen:
+        temperature: float = 0.0, regex: str | None = None, json_schema: dict | None = None) -> Gen:
     """Generate up to ``max_tokens`` (greedy by default) until ``stop``; with
-    ``regex``, only text that fully matches it (the server constrains each token)."""
+    ``regex``, only text that fully matches it; with ``json_schema``, only JSON valid
+    under it (the server constrains each token)."""
     if max_tokens < 1:
         raise ValueError("gen: max_tokens must be >= 1")
     if regex is not None and not regex:
         raise ValueError("gen: regex must not be empty")
-    return Gen(name, max_tokens, stop, temperature, regex)
+    if regex is not None and json_schema is not None:
+        raise ValueError("gen: give regex or json_schema, not both")
+    return Gen(name, max_tokens, stop, temperature, regex, json_schema)
 
 
 def select(name: str, choices: Sequence[str], normalize: bool = False) -> Select:

@@ -201,6 +201,9 @@ class ProgramState:
 
     async def _gen(self, g: Gen) -> None:
         params = dict(max_tokens=g.max_tokens, stop=g.stop, temperature=g.temperature, regex=g.regex)
+        if g.json_schema is not None:
+            params["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": g.name, "schema": g.json_schema}}
         if self._chat:
             if self._open is None or self._open["role"] != "assistant" or self._open["content"]:
                 raise LangError("in a chat program, gen() is the whole of an assistant message")

@@ -77,12 +77,17 @@ def profile(s, person):
     s += f"Here is a short profile of {person}.\nBorn (YYYY-MM-DD):"
     s += rl.gen("born", max_tokens=16, regex=" " + DATE)
     s += "\nAlive (yes or no):" + rl.gen("alive", max_tokens=4, regex=" (yes|no)")
+    s += "\nAs JSON:" + rl.gen("card", max_tokens=48, json_schema={
+        "type": "object", "required": ["name", "born"],
+        "properties": {"name": {"type": "string", "maxLength": 30}, "born": {"type": "string", "format": "date"}}})
 
 
 def test_a_program_fills_typed_fields(stack):
     with rl.Runtime(stack.url) as rt:
         state = profile.run(person="Ada Lovelace", runtime=rt)
     assert re.fullmatch(" " + DATE, state["born"]) and state["alive"] in (" yes", " no")
+    card = json.loads(state["card"])
+    assert set(card) == {"name", "born"} and re.fullmatch(DATE, card["born"])
 
 
 def test_json_schema_response_format_gives_parseable_json(client):

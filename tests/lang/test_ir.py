@@ -18,6 +18,8 @@ def test_parts_concatenate_in_order():
     lambda: gen("a", max_tokens=0),
     lambda: select("a", []),
     lambda: select("a", ["ok", ""]),
+    lambda: gen("a", regex=""),
+    lambda: gen("a", regex="x+", json_schema={"type": "string"}),
 ])
 def test_invalid_parts(make):
     with pytest.raises(ValueError):
