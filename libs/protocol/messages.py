@@ -11,6 +11,7 @@ Request path (subjects in :mod:`libs.protocol.subjects`)::
     gateway --RouteRequest---> index.route           (reply RouteReply)
     gateway --SubmitRequest--> sched.<w>.submit      (reply SubmitReply)
     scheduler --ForwardBatch--> worker.<w>.forward   (reply ForwardResult), per step
+    scheduler --PrepareRegex--> worker.<w>.prepare   (publish) at a constrained submit
     scheduler --DetokBatch----> tokenizer.detok.<t>  one per step per tokenizer
     tokenizer --GatewayBatch--> gw.<g>.out           one per batch per gateway
     tokenizer --AbortRequest--> sched.<w>.abort      when a stop string matched
@@ -387,6 +388,13 @@ class NewRow(Base, array_like=True):
     regex_from: int = 0
     regex_tokens: list[int] = []
     end_ids: list[int] = []
+
+
+class PrepareRegex(Base, tag="prepare_regex.v1"):
+    """Scheduler -> worker (publish, no reply): compile these patterns now, in the
+    background, for constrained requests that will start rows soon."""
+
+    patterns: list[str]
 
 
 class ForwardBatch(Base, tag="forward.v1"):

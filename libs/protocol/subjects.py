@@ -86,6 +86,9 @@ class Subjects:
     def worker_forward(self, worker: str) -> str:
         return self._s("worker", check_token(worker), "forward")
 
+    def worker_prepare(self, worker: str) -> str:
+        return self._s("worker", check_token(worker), "prepare")
+
     # gateway instance that holds the HTTP connection
     def gateway_out(self, instance: str) -> str:
         return self._s("gw", check_token(instance), "out")

@@ -17,8 +17,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from libs.kernels.regex_fsm import RegexCache, RegexError, TokenFSM
+from libs.kernels.regex_fsm import TokenFSM
 from libs.protocol.messages import NewRow
+
+from .regex_compiler import Compiler
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,7 @@ class Constraints:
                  texts: Callable[[], list[str | None]], device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
-        self._texts = texts  # NOTE: the vocabulary's token texts, built on first use
-        self._cache: RegexCache | None = None
+        self.compiler = Compiler(texts)  # NOTE: texts: the vocabulary's, built on first use
         self._device_fsms: dict[str, DeviceFSM] = {}
         self.pattern: list[str] = [""] * max_requests
         self.has_pattern = np.zeros(max_requests, dtype=bool)
@@ -72,6 +73,10 @@ class Constraints:
             self.state[r.row] = dfsm.start(r.regex_tokens)
             self.start_len[r.row] = r.regex_from
             self.end_ids[r.row] = np.asarray(r.end_ids, dtype=np.int64)
+
+    def prepare(self, patterns: list[str]) -> int:
+        """Compile patterns in the background before their rows arrive."""
+        return self.compiler.prepare(patterns)
 
     def constrained(self, rows: np.ndarray) -> np.ndarray:
         """Batch indices of the rows that carry a pattern."""
@@ -139,18 +144,7 @@ class Constraints:
         dfsm = self._device_fsms.get(pattern)
         if dfsm is not None:
             return dfsm
-        if self._cache is None:
-            self._cache = RegexCache(self._texts())
-        try:
-            fsm: TokenFSM | None = self._cache.get(pattern)
-        except RegexError as exc:
-            # NOTE: the scheduler checked the syntax; what is left is a pattern the
-            # vocabulary cannot spell: the row may only end
-            log.warning("regex %.80r cannot be generated with this vocabulary: %s", pattern, exc)
-            fsm = None
-        except Exception:  # noqa: BLE001 - one row's pattern must not fail the whole step
-            log.exception("regex %.80r failed to compile; its rows may only end", pattern)
-            fsm = None
+        fsm = self.compiler.get(pattern)  # NOTE: None: its rows may only end
         if len(self._device_fsms) >= MAX_PATTERNS:
             in_use = {p for p, on in zip(self.pattern, self.has_pattern) if on}
             for old in [p for p in self._device_fsms if p not in in_use]:

@@ -11,7 +11,9 @@ from opentelemetry import trace
 from prometheus_client import Histogram
 
 from libs.protocol.bus import Bus
-from libs.protocol.messages import AdoptRequest, ForwardBatch, ForwardResult, LeaseRenew, WorkerInfo
+from libs.protocol.messages import (
+    AdoptRequest, ForwardBatch, ForwardResult, LeaseRenew, PrepareRegex, WorkerInfo,
+)
 from libs.protocol.subjects import Subjects, check_token
 
 from .adoption import Adoption
@@ -19,6 +21,8 @@ from .model_runner import ModelRunner
 
 log = logging.getLogger("gpu_worker")
 _tracer = trace.get_tracer("radixmesh.gpu_worker")
+
+MAX_PREPARE = 64  # patterns taken from one PrepareRegex
 
 FORWARD_SECONDS = Histogram(
     "radixmesh:forward_seconds", "Model step time on the worker, by step kind", ["kind"],
@@ -65,6 +69,7 @@ class WorkerService:
         await bus.subscribe(s.worker_adopt(wid), self._on_adopt, AdoptRequest)
         await bus.subscribe(s.worker_lease(wid), self._on_lease, LeaseRenew)
         await bus.subscribe(s.worker_forward(wid), self._on_forward, ForwardBatch)
+        await bus.subscribe(s.worker_prepare(wid), self._on_prepare, PrepareRegex)
         self._task = asyncio.create_task(self._announce_loop())
         self._update_detail()
 
@@ -100,6 +105,9 @@ class WorkerService:
     async def _on_lease(self, msg: LeaseRenew) -> WorkerInfo:
         self.adoption.renew(msg.scheduler_id)
         return self.info()
+
+    async def _on_prepare(self, msg: PrepareRegex) -> None:
+        self.runner.constraints.prepare(msg.patterns[:MAX_PREPARE])
 
     async def _on_forward(self, msg: ForwardBatch) -> ForwardResult:
         self.adoption.require_owner()

@@ -13,7 +13,7 @@ import msgspec
 from libs.protocol import Bus, ServiceError, Subjects, errors
 from libs.protocol.messages import (
     AbortRequest, ErrorInfo, FlushReply, FlushRequest, KVSnapshot, LeaseRenew, LoadReport,
-    SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply, SubmitRequest, WorkerInfo,
+    PrepareRegex, SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply, SubmitRequest, WorkerInfo,
 )
 
 from .batcher import Batcher, BatcherConfig
@@ -90,7 +90,17 @@ class WorkerSession:
                   output_ids=output)
         if output and req.lp_next >= 0:  # logprobs of the replayed output went out already
             req.lp_next = max(req.lp_next, req.fill_len)
-        return SubmitReply(queue_position=self.loop.submit(req), session=self.session)
+        position = self.loop.submit(req)
+        if req.sampling.regex:  # NOTE: the worker compiles it while the request queues
+            await self._announce_pattern(req.sampling.regex)
+        return SubmitReply(queue_position=position, session=self.session)
+
+    async def _announce_pattern(self, pattern: str) -> None:
+        try:
+            await self.bus.publish(self.subjects.worker_prepare(self.worker_id),
+                                   PrepareRegex(patterns=[pattern]))
+        except Exception as exc:  # noqa: BLE001 - then the step compiles it
+            log.info("pattern not announced to %s: %s", self.worker_id, exc)
 
     async def _on_abort(self, msg: AbortRequest) -> None:
         self.loop.abort(msg.rid, msg.reason)

@@ -12,7 +12,9 @@ import time
 import pytest
 
 from libs.protocol import Bus, ServiceError, Subjects
-from libs.protocol.messages import AdoptRequest, ForwardBatch, ForwardResult, LeaseRenew, NewRow, WorkerInfo
+from libs.protocol.messages import (
+    AdoptRequest, ForwardBatch, ForwardResult, LeaseRenew, NewRow, PrepareRegex, WorkerInfo,
+)
 from services.gpu_worker.service import WorkerService
 
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=-1, seed=0)
@@ -106,6 +108,22 @@ async def test_lease_lapses_and_leases_answered_during_forward(nats_server, subj
         renewed = await bus.request(subjects.worker_lease("w1"), LeaseRenew(scheduler_id="s2"), WorkerInfo, timeout=1)
         assert renewed.adopted_by == "s2" and not forward.done()
         assert (await forward).step == 5
+    finally:
+        await worker.stop()
+        await bus.close()
+
+
+async def test_announced_patterns_compile_before_their_rows(nats_server, subject_prefix, runner):
+    subjects, bus, _, worker = await _start(nats_server, subject_prefix, runner)
+    compiler = runner.constraints.compiler
+    pattern = r" (red|green|blue)"
+    try:
+        assert not compiler.compiled(pattern)
+        await bus.publish(subjects.worker_prepare("w1"), PrepareRegex(patterns=[pattern]))
+        deadline = time.monotonic() + 20
+        while not compiler.compiled(pattern) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert compiler.compiled(pattern)
     finally:
         await worker.stop()
         await bus.close()

@@ -1,14 +1,18 @@
 """Resumed submissions: the replayed output counts as output, and the request
-continues exactly as an undisturbed one would."""
+continues exactly as an undisturbed one would. A constrained submission
+announces its pattern to the worker."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from libs.protocol import ServiceError
-from libs.protocol.messages import SamplingParams, SubmitRequest
+from libs.protocol import Bus, ServiceError, Subjects
+from libs.protocol.messages import PrepareRegex, SamplingParams, SubmitRequest, WorkerInfo
+from services.scheduler.batcher import BatcherConfig
 from services.scheduler.request import Req
-from services.scheduler.session import _split_resumed
+from services.scheduler.session import WorkerSession, _split_resumed
 
 from .test_batcher import drain, make
 
@@ -52,3 +56,34 @@ def test_a_resumed_request_continues_like_an_undisturbed_one(cached):
         last = deltas[-1]
         assert last.finish_reason == "length"
         assert (last.prompt_tokens, last.completion_tokens) == (len(prompt), 12)
+
+
+async def test_a_constrained_submit_announces_its_pattern_to_the_worker(nats_server, subject_prefix):
+    bus = await Bus.connect(nats_server.url, "test-session")
+    subjects = Subjects(subject_prefix)
+    info = WorkerInfo(worker_id="w1", model="m", kv_slots=256, max_requests=4, max_model_len=512,
+                      vocab_size=1000, eos_token_ids=[2], dtype="float32")
+    seen: list[PrepareRegex] = []
+
+    async def record(msg: PrepareRegex) -> None:
+        seen.append(msg)
+
+    await bus.subscribe(subjects.worker_prepare("w1"), record, PrepareRegex)
+    session = WorkerSession(bus, subjects, "s1", info, BatcherConfig(), lease_s=5.0, forward_timeout=5.0)
+    try:
+        await session._on_submit(SubmitRequest(rid="free", input_ids=[5, 6], detok_instance="t",
+                                               sampling=SamplingParams(max_new_tokens=4)))
+        await session._on_submit(SubmitRequest(rid="re", input_ids=[5, 6], detok_instance="t",
+                                               sampling=SamplingParams(max_new_tokens=4, regex="[0-9]+")))
+        with pytest.raises(ServiceError):  # refused: nothing to announce
+            await session._on_submit(SubmitRequest(rid="bad", input_ids=[5], detok_instance="t",
+                                                   sampling=SamplingParams(max_new_tokens=4, regex="(")))
+        await bus.nc.flush()
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert [m.patterns for m in seen] == [["[0-9]+"]]
+    finally:
+        await bus.close()
