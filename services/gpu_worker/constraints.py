@@ -3,7 +3,8 @@ output a prefix of a full match, and advance every row's automaton by the
 token it sampled. Vectorised per step over the rows of each pattern.
 
 A row's automaton is a :class:`~libs.kernels.regex_fsm.TokenFSM` (compiled once
-per pattern with this model's vocabulary and cached). The row may end (one of
+per pattern with this model's vocabulary, ahead of the row when the scheduler
+announced it: :mod:`.regex_compiler`). The row may end (one of
 its ``end_ids``) only in an accepting state, and must end once no token can
 follow (the state is dead: after an end id, or a pattern the vocabulary cannot
 spell).
@@ -11,7 +12,6 @@ spell).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -21,8 +21,6 @@ from libs.kernels.regex_fsm import TokenFSM
 from libs.protocol.messages import NewRow
 
 from .regex_compiler import Compiler
-
-log = logging.getLogger(__name__)
 
 DEAD = -1
 MAX_PATTERNS = 64  # compiled patterns kept on the device beyond those rows use now
