@@ -17,6 +17,7 @@ from libs.protocol.messages import (
 )
 
 from .batcher import Batcher, BatcherConfig
+from .intake import check_regex
 from .request import Req
 from .worker_loop import WorkerLoop, WorkerLost
 
@@ -85,6 +86,8 @@ class WorkerSession:
 
     async def _on_submit(self, msg: SubmitRequest) -> SubmitReply:
         prompt, output = _split_resumed(msg, self.info.vocab_size)
+        if msg.sampling.regex:  # NOTE: up to tens of ms once per pattern: off the step loop
+            await asyncio.to_thread(check_regex, msg.sampling.regex)
         req = Req(rid=msg.rid, input_ids=prompt, sampling=msg.sampling,
                   detok_instance=msg.detok_instance, namespace=msg.cache_salt,
                   output_ids=output)
