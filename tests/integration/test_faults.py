@@ -1,5 +1,5 @@
 """Faults with real processes: kill -9 a gpu_worker mid-stream (its requests resume
-on the other worker with identical greedy output), kill -9 the scheduler (its
+on the other worker with identical greedy output, constrained ones too), kill -9 the scheduler (its
 workers serve again within 5 s), kill and restart nats-server (fast 503s during
 the outage, every request succeeds after it)."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +22,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MODEL = "SmolLM2-135M-Instruct"
 PROMPTS = [f"Story {i}: once upon a time, in a village by the sea, there lived a" for i in range(20)]
+# every fourth stream is constrained (groups of seven digits, one token per digit: where
+# the stream stands in its automaton matters), so a resumed row must replay it too
+REGEXES = [r"[0-9]{7}( [0-9]{7}){0,20}" if i % 4 == 0 else None for i in range(20)]
 
 
 @dataclass
@@ -43,14 +47,17 @@ class Streamed:
 
 
 async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int,
-                 started: asyncio.Event | None = None, seed: int | None = None) -> Streamed:
-    """Greedy, or with ``seed`` temperature 0.9 sampling."""
+                 started: asyncio.Event | None = None, seed: int | None = None,
+                 regex: str | None = None) -> Streamed:
+    """Greedy, or with ``seed`` temperature 0.9 sampling; ``regex`` constrains it."""
     out = Streamed()
     last = None
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     if seed is not None:
         body.update(temperature=0.9, seed=seed)
+    if regex is not None:
+        body["regex"] = regex
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         out.status = resp.status_code
         if resp.status_code != 200:
@@ -101,11 +108,15 @@ async def test_kill_worker_mid_stream_resumes_with_identical_output(cluster):
         # NOTE: greedy. Seeded sampling resumes with the same seed and positions, but
         # its tokens can flip even undisturbed where a cached prefix changes the
         # float rounding of the logits, so only greedy output is compared.
-        reference = await asyncio.gather(*(stream(client, p, 40) for p in PROMPTS))
+        reference = await asyncio.gather(*(stream(client, p, 40, regex=r)
+                                           for p, r in zip(PROMPTS, REGEXES)))
         assert all(len(r.finishes) == 1 and not r.errors for r in reference), reference
+        constrained = [r.text for r, rx in zip(reference, REGEXES) if rx]
+        assert all(re.fullmatch(r"([0-9]{7} ){0,20}[0-9]{0,7}", t) for t in constrained), constrained
 
         started = [asyncio.Event() for _ in PROMPTS]
-        tasks = [asyncio.create_task(stream(client, p, 40, ev)) for p, ev in zip(PROMPTS, started)]
+        tasks = [asyncio.create_task(stream(client, p, 40, ev, regex=r))
+                 for p, ev, r in zip(PROMPTS, started, REGEXES)]
         await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in started)), 60)
         running = {w: (await cluster.stats(w)).running for w in await cluster.workers()}
         victim = max(running, key=running.get)
