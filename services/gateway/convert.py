@@ -10,7 +10,7 @@ from .schemas import (
     ChatCompletionRequest, CompletionRequest, GenerateRequest, Message, SamplingParamsBody,
     OpenAIRequestBase,
 )
-from .structured import output_regex
+from .structured import native_format, output_regex
 
 
 def check_model(model: str, accepted: frozenset[str]) -> None:
@@ -113,7 +113,7 @@ def generate_request(body: GenerateRequest) -> GenerationRequest:
         cache_salt=body.cache_salt or "", return_logprob=body.return_logprob,
         logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num,
         show_logprobs=body.return_logprob,
-        regex=output_regex(sp.regex, ignore_eos=sp.ignore_eos, where="sampling_params."),
+        regex=output_regex(sp.regex, native_format(sp.json_schema), sp.ignore_eos, "sampling_params."),
     )
 
 

@@ -118,6 +118,7 @@ class SamplingParamsBody(_Body, kw_only=True):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     regex: Regex | None = None
+    json_schema: str | dict[str, Any] | None = None  # SGLang: a JSON schema (as a string or object)
 
 
 class GenerateRequest(_Body, kw_only=True):

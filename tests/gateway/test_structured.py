@@ -51,3 +51,23 @@ async def test_a_json_schema_becomes_the_requests_regex(client, backend):
 async def test_unusable_formats_are_400(client, backend, patch, param, contains):
     _error(await client.post("/v1/chat/completions", json={**CHAT, **patch}), 400, param, contains)
     assert backend.requests == []
+
+
+async def test_generate_takes_sglangs_json_schema_as_object_or_string(client, backend):
+    await client.post("/generate", json={"text": "q", "sampling_params": {"json_schema": PERSON}})
+    await client.post("/generate", json={"text": "q", "sampling_params": {"json_schema": json.dumps(PERSON)}})
+    as_object, as_string = backend.requests
+    assert as_object.regex == as_string.regex == schema_to_regex(PERSON)
+
+
+@pytest.mark.parametrize("sampling, contains", [
+    ({"json_schema": "{not json"}, "not valid JSON"),
+    ({"json_schema": "[1, 2]"}, "schema object"),
+    ({"json_schema": {"type": "string", "uniqueItems": True, "not": {}}}, "json_schema"),
+    ({"json_schema": PERSON, "regex": "a+"}, "either"),
+    ({"json_schema": PERSON, "ignore_eos": True}, "ignore_eos"),
+])
+async def test_bad_native_json_schemas_are_400(client, backend, sampling, contains):
+    resp = await client.post("/generate", json={"text": "q", "sampling_params": sampling})
+    _error(resp, 400, "sampling_params.json_schema", contains)
+    assert backend.requests == []
