@@ -106,3 +106,11 @@ def test_json_schema_response_format_gives_parseable_json(client):
         messages=[{"role": "user", "content": "JSON for a book please"}])
     assert anything.choices[0].finish_reason == "stop"  # (this prompt's object ends in 50 tokens)
     assert isinstance(json.loads(anything.choices[0].message.content), dict)
+
+
+def test_generate_with_sglangs_json_schema(stack):
+    schema = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "boolean"}}}
+    out = _generate(stack, "Is Paris in France? Reply in JSON.", temperature=0,
+                    json_schema=json.dumps(schema))
+    assert isinstance(json.loads(out["text"])["answer"], bool)
+    assert out["meta_info"]["finish_reason"] == {"type": "stop"}
