@@ -9,7 +9,18 @@ import pytest
 
 from libs.kernels.json_schema import JSON_OBJECT_REGEX, schema_to_regex
 
-from .test_routes import CHAT, COMPLETION, _error, backend, client  # noqa: F401 - fixtures
+from .test_routes import CHAT, COMPLETION, RecordingBackend, _error, make_client
+
+@pytest.fixture()
+def backend() -> RecordingBackend:
+    return RecordingBackend()
+
+
+@pytest.fixture()
+async def client(backend):
+    async with make_client(backend) as client:
+        yield client
+
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
                                            "age": {"type": "integer"}},
