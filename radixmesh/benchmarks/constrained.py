@@ -4,6 +4,9 @@
    into a token automaton (once per pattern; cached after): seconds, states, MB.
 2. Decoding: the worker's ModelRunner steps with every row free vs every row
    constrained, interleaved rounds, median step time per batch size.
+3. Joining: 8 rows decode while a row with a never-seen pattern joins; that
+   step's time with the pattern compiled inside it vs announced a few steps
+   before (as the scheduler does at submit).
 
     python -m radixmesh.benchmarks.constrained [--batches 1 8 32] [--steps 16] [--rounds 3]
 """
@@ -88,6 +91,44 @@ def decode_table(runner: ModelRunner, batches: list[int], steps: int, rounds: in
     return lines
 
 
+JOIN_PATTERNS = [r"[A-Za-z ,]{1,200}\.", r"[a-z ,]{1,180}!", r"[A-Z ]{1,190}\?",
+                 r"[0-9a-z ]{1,200};", r"[a-f ]{1,150}#", r"[b-y ]{1,170}@"]
+
+
+def join_step(runner: ModelRunner, pattern: str, announce: bool) -> tuple[float, float]:
+    """(ms of the step where a row constrained by ``pattern`` joins 8 decoding rows,
+    median ms of the steps before it)."""
+    rows, slot = list(range(8)), iter(range(runner.config.kv_slots))
+    ids = np.random.default_rng(0).integers(1000, 20000, size=8 * 32).tolist()
+    runner.execute(ForwardBatch(step=0, new_rows=[NewRow(row=r, **GREEDY) for r in rows], rows=rows,
+                                prefix_lens=[0] * 8, extend_lens=[32] * 8, input_ids=ids,
+                                out_slots=[next(slot) for _ in ids]))
+    times = []
+    for s in range(1, 7):
+        joins = s == 6
+        if s == 2 and announce:
+            runner.constraints.prepare([pattern])
+        new = [NewRow(row=8, **GREEDY, regex=pattern, regex_from=4, end_ids=runner.eos_token_ids)]
+        batch = ForwardBatch(step=s, new_rows=new if joins else [], rows=rows + [8] * joins,
+                             prefix_lens=[31 + s] * 8 + [0] * joins, extend_lens=[1] * 8 + [4] * joins,
+                             input_ids=[-1] * 8 + [1000, 1001, 1002, 1003] * joins,
+                             out_slots=[next(slot) for _ in range(8 + 4 * joins)])
+        start = time.perf_counter()
+        runner.execute(batch)
+        times.append(time.perf_counter() - start)
+    return times[-1] * 1e3, statistics.median(times[:-1]) * 1e3
+
+
+def join_table(runner: ModelRunner) -> list[str]:
+    lines = ["| new pattern | compiled | join step (ms) | other steps (ms) |", "|---|---|---|---|"]
+    for i, pattern in enumerate(JOIN_PATTERNS):  # NOTE: alternating, each pattern unseen
+        announce = i % 2 == 1
+        join, other = join_step(runner, pattern, announce)
+        lines.append(f"| `{pattern}` | {'announced ahead' if announce else 'in the step'} | "
+                     f"{join:.0f} | {other:.0f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
@@ -96,11 +137,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    runner = ModelRunner(RunnerConfig(kv_slots=max(args.batches) * (64 + args.steps + 1),
-                                      max_requests=max(args.batches)))
+    runner = ModelRunner(RunnerConfig(kv_slots=max(max(args.batches) * (64 + args.steps + 1), 512),
+                                      max_requests=max(max(args.batches), 9)))
     print("\n".join(compile_table(runner)))
     print()
     print("\n".join(decode_table(runner, args.batches, args.steps, args.rounds)))
+    print()
+    print("\n".join(join_table(runner)))
 
 
 if __name__ == "__main__":
