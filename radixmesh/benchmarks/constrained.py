@@ -50,7 +50,8 @@ def compile_table(runner: ModelRunner) -> list[str]:
         start = time.perf_counter()
         fsm = compile_regex(pattern, vocab)
         took = time.perf_counter() - start
-        lines.append(f"| {name} | `{pattern}` | {took:.3f} | {fsm.num_states} | "
+        cell = pattern.replace("|", "\\|")  # NOTE: a markdown cell
+        lines.append(f"| {name} | `{cell}` | {took:.3f} | {fsm.num_states} | "
                      f"{fsm.nbytes / 2**20:.1f} |")
     return lines
 
