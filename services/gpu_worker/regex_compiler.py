@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+
+from prometheus_client import Histogram
 
 from libs.kernels.regex_fsm import RegexCache, RegexError, TokenFSM
 
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 256  # compiles queued at once; more announcements are dropped (compiled in the step)
+
+COMPILE_SECONDS = Histogram(
+    "radixmesh:regex_compile_seconds",
+    "Compiling a regex pattern into a token automaton: ahead (background) or in the step",
+    ["where"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
 
 
 class Compiler:
@@ -38,7 +47,7 @@ class Compiler:
             for pattern in patterns:
                 if pattern and pattern not in self._pending and len(self._pending) < MAX_PENDING \
                         and not self.compiled(pattern):
-                    future = self._pending[pattern] = self._pool.submit(self._compile, pattern)
+                    future = self._pending[pattern] = self._pool.submit(self._compile, pattern, "ahead")
                     queued.append((pattern, future))
         for pattern, future in queued:  # NOTE: outside the lock: a done future calls back at once
             future.add_done_callback(lambda _, p=pattern: self._forget(p))
@@ -51,7 +60,7 @@ class Compiler:
             pending = self._pending.get(pattern)
         if pending is not None:
             pending.result()
-        return self._compile(pattern)
+        return self._compile(pattern, "in_step")
 
     def compiled(self, pattern: str) -> bool:
         return self._cache is not None and pattern in self._cache
@@ -59,9 +68,14 @@ class Compiler:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _compile(self, pattern: str) -> TokenFSM | None:
+    def _compile(self, pattern: str, where: str) -> TokenFSM | None:
+        cached = self.compiled(pattern)
+        start = time.perf_counter()
         try:
-            return self._regex_cache().get(pattern)
+            fsm = self._regex_cache().get(pattern)
+            if not cached:  # NOTE: token texts included, for the worker's first pattern
+                COMPILE_SECONDS.labels(where).observe(time.perf_counter() - start)
+            return fsm
         except RegexError as exc:
             # NOTE: the scheduler checked the syntax; what is left is a pattern the
             # vocabulary cannot spell

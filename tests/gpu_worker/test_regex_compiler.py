@@ -73,3 +73,19 @@ def test_announcements_beyond_the_bound_are_dropped(monkeypatch):
     assert _until(lambda: c.compiled("a") and c.compiled("b"))
     assert c.prepare(["a+", "b+"]) == 2
     c.close()
+
+
+def test_compile_times_are_exported_by_where_they_ran():
+    from prometheus_client import REGISTRY
+
+    def count(where: str) -> float:
+        return REGISTRY.get_sample_value("radixmesh:regex_compile_seconds_count", {"where": where}) or 0.0
+
+    ahead, in_step = count("ahead"), count("in_step")
+    c = Compiler(_Texts())
+    c.prepare(["b+a"])
+    assert _until(lambda: count("ahead") == ahead + 1)  # NOTE: observed just after caching
+    assert c.get("b+a") is not None and c.get("a+1") is not None
+    c.get("a+1")  # cached: not a compile
+    assert (count("ahead"), count("in_step")) == (ahead + 1, in_step + 1)
+    c.close()
