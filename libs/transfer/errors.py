@@ -1,0 +1,23 @@
+"""Typed errors of KV transfer: each says what did not fit, and is raised before anything is written."""
+
+from __future__ import annotations
+
+
+class TransferError(ValueError):
+    """Base of every refusal in :mod:`libs.transfer`."""
+
+
+class LayoutMismatch(TransferError):
+    """A buffer's header describes KV of another shape or dtype than the pool's."""
+
+
+class SizeMismatch(TransferError):
+    """A buffer's length, or its number of tokens, does not match what it should hold."""
+
+
+class ChecksumMismatch(TransferError):
+    """A buffer's payload is not the one its checksum was computed over (corrupted in transit)."""
+
+
+class SlotError(TransferError):
+    """Slots out of a pool's range, or repeated where each needs its own."""

@@ -1,0 +1,71 @@
+"""A second KV pool in host memory, token-major (page-first), and copies between it and a device pool."""
+
+from __future__ import annotations
+
+import torch
+
+from libs.kernels import KVPool
+
+from .errors import SlotError
+from .layout import KVLayout
+from .tokens import gather_tokens, scatter_tokens
+
+
+class HostKVPool:
+    """``data[slot]`` is one token's K/V of every layer, contiguous: [num_slots, 2, layers,
+    kv_heads, head_dim]. Pinned when the device pool is on CUDA, so copies are DMA."""
+
+    def __init__(self, layout: KVLayout, num_slots: int, pin: bool = False) -> None:
+        self.layout = layout
+        self.num_slots = num_slots
+        self.data = torch.zeros((num_slots, *layout.token_shape), dtype=layout.torch_dtype, pin_memory=pin)
+
+    @classmethod
+    def for_pool(cls, pool: KVPool, num_slots: int) -> "HostKVPool":
+        return cls(KVLayout.of_pool(pool), num_slots, pin=pool.device.type == "cuda")
+
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def save(self, pool: KVPool, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
+        """Device -> host: copy the K/V of ``device_slots`` into ``host_slots`` (equal lengths)."""
+        self.layout.require(KVLayout.of_pool(pool))
+        src, dst = self._pair(pool, device_slots, host_slots)
+        rows = gather_tokens(pool, src.to(pool.device))
+        if rows.device.type != "cpu":
+            rows = self._staging(len(rows)).copy_(rows)
+        self.data.index_copy_(0, dst, rows)
+
+    def load(self, pool: KVPool, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
+        """Host -> device: copy ``host_slots`` into the device pool at ``device_slots``."""
+        self.layout.require(KVLayout.of_pool(pool))
+        src, dst = self._pair(pool, host_slots, device_slots, host_first=True)
+        rows = torch.index_select(self.data, 0, src, out=self._staging(len(src)))
+        scatter_tokens(pool, dst.to(pool.device), rows.to(pool.device, non_blocking=True))
+
+    def _staging(self, num_tokens: int) -> torch.Tensor:
+        """Room for ``num_tokens`` tokens, pinned like the pool (from torch's caching host
+        allocator: cheap to take, and kept alive until an asynchronous copy from it ends)."""
+        return torch.empty((num_tokens, *self.layout.token_shape), dtype=self.data.dtype,
+                           pin_memory=self.data.is_pinned())
+
+    def _pair(self, pool: KVPool, a: torch.Tensor, b: torch.Tensor,
+              host_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = _cpu_index(a), _cpu_index(b)
+        host, dev = (a, b) if host_first else (b, a)
+        if len(a) != len(b):
+            raise SlotError(f"{len(a)} source slots for {len(b)} destination slots")
+        _bounds(host, self.num_slots, "host")
+        _bounds(dev, pool.num_slots, "device")
+        if len(torch.unique(b)) != len(b):
+            raise SlotError("destination slots repeat")
+        return a, b
+
+
+def _cpu_index(slots: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(slots, dtype=torch.int64).reshape(-1).cpu()
+
+
+def _bounds(slots: torch.Tensor, size: int, name: str) -> None:
+    if len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= size):
+        raise SlotError(f"{name} slots out of range [0, {size})")

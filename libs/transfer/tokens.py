@@ -1,0 +1,26 @@
+"""Gather / scatter whole tokens of a KVPool in token-major order, one vectorised op per layer."""
+
+from __future__ import annotations
+
+import torch
+
+from libs.kernels import KVPool
+
+
+def gather_tokens(pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
+    """K/V of ``slots`` ([T] int64 on the pool's device) as a new contiguous tensor
+    [T, 2, layers, kv_heads, head_dim] on the pool's device."""
+    out = torch.empty((len(slots), 2, pool.num_layers, pool.num_kv_heads, pool.head_dim),
+                      dtype=pool.dtype, device=pool.device)
+    for layer in range(pool.num_layers):
+        torch.index_select(pool.k[layer], 0, slots, out=out[:, 0, layer])
+        torch.index_select(pool.v[layer], 0, slots, out=out[:, 1, layer])
+    return out
+
+
+def scatter_tokens(pool: KVPool, slots: torch.Tensor, data: torch.Tensor) -> None:
+    """Write ``data`` ([T, 2, layers, kv_heads, head_dim], on the pool's device) at ``slots``."""
+    for layer in range(pool.num_layers):
+        pool.k[layer].index_copy_(0, slots, data[:, 0, layer])
+        pool.v[layer].index_copy_(0, slots, data[:, 1, layer])
+
