@@ -1,33 +1,17 @@
 """Attention over the paged KV layout and the small elementwise kernels of the model.
 
-Backends are chosen by name (:func:`get_backend`): ``torch`` (portable, the CPU
-default and the reference), ``triton`` (CUDA; the interpreter on a CPU for
-tests) and ``flashinfer`` (CUDA, half precision). :func:`default_backend`
-picks one per device.
-
-Imports are lazy (PEP 562): the regex modules (``regex_fsm``, numpy only) load
-without torch, so the scheduler can check patterns cheaply.
+Backends are chosen by name (:func:`get_backend`): ``torch`` (portable, the
+reference), ``cpu`` (torch + a C++ decode kernel), ``triton`` (CUDA; the
+interpreter on a CPU for tests) and ``flashinfer`` (CUDA, half precision); each is
+imported only when asked for. :func:`default_backend` picks one per device.
 """
 
-from __future__ import annotations
+from .base import AttentionBackend, AttentionMetadata
+from .errors import BackendNotAvailable
+from .kv_pool import KVPool
+from .registry import available_backends, default_backend, get_backend, known_backends
 
-import importlib
-
-_EXPORTS = {
-    "AttentionBackend": ".base",
-    "AttentionMetadata": ".base",
-    "BackendNotAvailable": ".errors",
-    "KVPool": ".kv_pool",
-    "available_backends": ".registry",
-    "default_backend": ".registry",
-    "get_backend": ".registry",
-    "known_backends": ".registry",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+__all__ = [
+    "AttentionBackend", "AttentionMetadata", "BackendNotAvailable", "KVPool", "available_backends",
+    "default_backend", "get_backend", "known_backends",
+]

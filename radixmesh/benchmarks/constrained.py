@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from libs.kernels.regex_fsm import Vocab, compile_regex, token_texts
+from libs.grammar.regex_fsm import Vocab, compile_regex, token_texts
 from libs.protocol.messages import ForwardBatch, NewRow
 from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
 

@@ -1,12 +1,12 @@
 """Structured output: a request's ``regex`` or ``response_format`` as the one
 regex its output must fully match ("" = free). JSON schemas become regexes here
-(libs/kernels/json_schema.py); the scheduler checks every pattern."""
+(libs/grammar/json_schema.py); the scheduler checks every pattern."""
 
 from __future__ import annotations
 
 import json
 
-from libs.kernels.json_schema import JSON_OBJECT_REGEX, SchemaError, schema_to_regex
+from libs.grammar.json_schema import JSON_OBJECT_REGEX, SchemaError, schema_to_regex
 
 from .errors import bad_request
 from .schemas import JsonSchemaFormat, ResponseFormat
@@ -65,8 +65,8 @@ def _format_regex(fmt: ResponseFormat | None, where: str = "") -> str:
 def _check_size(pattern: str, param: str) -> None:
     """The scheduler checks every pattern; a schema's is checked here too, so that a
     schema too large for the automaton gets an answer about the schema."""
-    from libs.kernels.regex_dfa import parse_regex  # NOTE: numpy, only for JSON schemas
-    from libs.kernels.regex_parse import RegexError
+    from libs.grammar.regex_dfa import parse_regex  # NOTE: numpy, only for JSON schemas
+    from libs.grammar.regex_parse import RegexError
 
     try:
         parse_regex(pattern)

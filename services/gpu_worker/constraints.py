@@ -2,7 +2,7 @@
 output a prefix of a full match, and advance every row's automaton by the
 token it sampled. Vectorised per step over the rows of each pattern.
 
-A row's automaton is a :class:`~libs.kernels.regex_fsm.TokenFSM` (compiled once
+A row's automaton is a :class:`~libs.grammar.regex_fsm.TokenFSM` (compiled once
 per pattern with this model's vocabulary, ahead of the row when the scheduler
 announced it: :mod:`.regex_compiler`). The row may end (one of
 its ``end_ids``) only in an accepting state, and must end once no token can
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from libs.kernels.regex_fsm import TokenFSM
+from libs.grammar.regex_fsm import TokenFSM
 from libs.protocol.messages import NewRow
 
 from .regex_compiler import Compiler

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from libs.grammar.token_texts import token_texts
 from libs.kernels import AttentionMetadata, KVPool, default_backend, get_backend
-from libs.kernels.regex_fsm import token_texts
 from libs.protocol.errors import invalid_request
 from libs.protocol.messages import ForwardBatch
 from radixmesh.models import resolve_model

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from prometheus_client import Histogram
 
-from libs.kernels.regex_fsm import RegexCache, RegexError, TokenFSM
+from libs.grammar.regex_fsm import RegexCache, RegexError, TokenFSM
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-from libs.kernels.regex_fsm import RegexError, parse_regex
+from libs.grammar.regex_fsm import RegexError, parse_regex
 from libs.protocol import errors
 from libs.protocol.messages import WorkerInfo
 

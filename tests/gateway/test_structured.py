@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from libs.kernels.json_schema import JSON_OBJECT_REGEX, schema_to_regex
+from libs.grammar.json_schema import JSON_OBJECT_REGEX, schema_to_regex
 
 from .test_routes import CHAT, COMPLETION, RecordingBackend, _error, make_client
 

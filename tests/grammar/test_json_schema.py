@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from interegular.fsm import anything_else
 
-from libs.kernels.json_schema import (
+from libs.grammar.json_schema import (
     JSON_OBJECT_DEPTH,
     JSON_OBJECT_REGEX,
     SchemaError,
     schema_to_regex,
 )
-from libs.kernels.regex_dfa import parse_regex
-from libs.kernels.regex_parse import MAX_PATTERN_CHARS
+from libs.grammar.regex_dfa import parse_regex
+from libs.grammar.regex_parse import MAX_PATTERN_CHARS
 
 
 def compact(x) -> str:

@@ -12,7 +12,7 @@ import interegular
 import numpy as np
 import pytest
 
-from libs.kernels.regex_fsm import (
+from libs.grammar.regex_fsm import (
     MAX_STATES,
     RegexCache,
     RegexError,
