@@ -1,6 +1,6 @@
 """Decode throughput, side by side in one run.
 
-(a) the worker's ModelRunner driven in-process by the scheduler's Batcher,
+(a) the worker's ModelRunner driven in-process by the scheduler's SchedulerCore,
 (b) the same requests through the full stack over NATS (HTTP streaming),
 (b0) the same stack with ``--disable-overlap-schedule`` (each step planned after
      the previous one's result),
@@ -28,7 +28,8 @@ from libs.protocol.messages import ForwardResult, SamplingParams, WorkerInfo
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
 from radixmesh.models import resolve_model
 from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
-from services.scheduler.batcher import Batcher, BatcherConfig
+from services.scheduler.config import CoreConfig
+from services.scheduler.core import SchedulerCore
 from services.scheduler.request import Req
 
 
@@ -42,7 +43,7 @@ def bench_in_process(runner: ModelRunner, prompts: list[list[int]], steps: int) 
                       max_requests=runner.config.max_requests, max_model_len=runner.max_model_len,
                       vocab_size=runner.vocab_size, eos_token_ids=runner.eos_token_ids,
                       dtype=runner.config.dtype)
-    batcher = Batcher(info, BatcherConfig(chunked_prefill_size=1 << 30, enable_cache=False))
+    batcher = SchedulerCore(info, CoreConfig(chunked_prefill_size=1 << 30, enable_cache=False))
     for i, ids in enumerate(prompts):
         batcher.submit(Req(rid=f"r{i}", input_ids=ids, detok_instance="t", sampling=SamplingParams(
             max_new_tokens=steps + 1, temperature=0.0, ignore_eos=True)))

@@ -11,9 +11,9 @@ from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
 )
 
-from .batcher import BatcherConfig
+from .config import CoreConfig
 from .policy import POLICIES
-from .service import Scheduler, SchedulerConfig
+from .service import Adopter, SchedulerConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> SchedulerConfig:
     return SchedulerConfig(
-        batcher=BatcherConfig(
+        core=CoreConfig(
             max_running_requests=args.max_running_requests,
             max_queued_requests=args.max_queued_requests,
             chunked_prefill_size=args.chunked_prefill_size,
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     config = build_config(args)
 
     async def body(ctx: ServiceContext) -> None:
-        await Scheduler(ctx, config).start()
+        await Adopter(ctx, config).start()
 
     asyncio.run(run_service("scheduler", common_config(args), body))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from .kv_cache import KVCache
+from .cache import KVCache
 from .request import Req
 
 POLICIES = ("fcfs", "lpm", "dfs-weight")
@@ -34,7 +34,7 @@ def _dfs_weight(waiting: Sequence[Req], cache: KVCache) -> list[Req]:
     weight: dict[int, int] = defaultdict(int)
     roots: dict[int, object] = {}
     for req in waiting:
-        node = cache.prefix_node(req)
+        node = cache.match(req).node
         at_node[id(node)].append(req)
         while node is not None:
             weight[id(node)] += 1

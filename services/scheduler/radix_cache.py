@@ -3,7 +3,15 @@
 Keys are page-aligned: every node holds a whole number of pages, matches stop
 at page boundaries. Each namespace (cache salt / tenant) has its own root, so
 identical tokens in two namespaces never share a node. Nodes locked by running
-requests are protected; unlocked leaves are evicted LRU (or LFU) first.
+requests are protected; unlocked device leaves are evicted LRU (or LFU) first.
+
+Tiers: a node's KV sits on the device (``value``: device slots) or only in a
+lower tier (``value`` None, ``lower``: that tier's slots). Device nodes form a
+prefix-closed subtree (a node leaves the device only after all its children
+did), so a match is a device part followed by a lower part. Eviction is the one
+place KV leaves the device: with a ``LowerTier`` it *demotes* (the tier copies
+the pages down and the node stays), else, or when the tier refuses, the node
+and everything below it is dropped.
 
 Every page stored or removed is recorded with its chained block hash through
 the ``on_event`` callback, so the cache index can mirror the tree.
@@ -13,17 +21,28 @@ from __future__ import annotations
 
 import heapq
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
 from libs.protocol.hashing import block_hashes, namespace_hash
 
 EventSink = Callable[[str, str, list[int]], None]  # (kind, namespace, block hashes)
+EMPTY = np.empty(0, np.int64)
+
+
+class LowerTier(Protocol):
+    """Where evicted pages may go instead of being dropped (the memory-tiers seam)."""
+
+    def demote(self, device_slots: np.ndarray) -> np.ndarray | None:
+        """Take a copy of these device slots' KV; its slots, or None to refuse."""
+
+    def free(self, slots: np.ndarray) -> None:
+        """Slots of this tier that the tree no longer needs."""
 
 
 class TreeNode:
-    __slots__ = ("parent", "children", "key", "value", "hashes", "lock_ref",
+    __slots__ = ("parent", "children", "key", "value", "lower", "hashes", "lock_ref",
                  "last_access", "hits", "namespace")
 
     def __init__(self, parent: "TreeNode | None", key: np.ndarray, value: np.ndarray,
@@ -31,7 +50,8 @@ class TreeNode:
         self.parent = parent
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.key = key  # token ids, int64, len % page_size == 0
-        self.value = value  # KV slots, same length
+        self.value: np.ndarray | None = value  # device KV slots, same length; None: not on device
+        self.lower: np.ndarray | None = None  # the lower tier's slots, when it has a copy
         self.hashes = hashes  # one per page
         self.lock_ref = 0
         self.last_access = time.monotonic()
@@ -43,14 +63,19 @@ class TreeNode:
         return self.parent is None
 
     @property
+    def on_device(self) -> bool:
+        return self.value is not None
+
+    @property
     def last_hash(self) -> int:
         return self.hashes[-1] if self.hashes else namespace_hash(self.namespace)
 
 
 class MatchResult(NamedTuple):
-    node: TreeNode  # deepest matched node: lock it to protect the whole prefix
-    slots: np.ndarray  # KV slots of the matched prefix
-    length: int
+    node: TreeNode  # deepest matched device node: lock it to protect the device prefix
+    slots: np.ndarray  # device KV slots of the matched prefix
+    length: int  # tokens matched on the device
+    lower_len: int = 0  # further tokens matched in the lower tier only
 
 
 class SizeInfo(NamedTuple):
@@ -64,7 +89,7 @@ class SizeInfo(NamedTuple):
 
 class RadixCache:
     def __init__(self, page_size: int = 1, policy: str = "lru",
-                 on_event: EventSink | None = None) -> None:
+                 on_event: EventSink | None = None, tier: LowerTier | None = None) -> None:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         if policy not in ("lru", "lfu"):
@@ -72,6 +97,7 @@ class RadixCache:
         self.page_size = page_size
         self.policy = policy
         self.on_event = on_event or (lambda kind, ns, hashes: None)
+        self.tier = tier
         self._roots: dict[str, TreeNode] = {}
         self._evictable = 0
         self._protected = 0
@@ -80,21 +106,27 @@ class RadixCache:
 
     def match_prefix(self, namespace: str, tokens) -> MatchResult:
         """Longest cached page-aligned prefix of ``tokens`` in ``namespace``."""
-        node, pos, parts = self._root(namespace), 0, []
+        node, pos, lower, parts = self._root(namespace), 0, 0, []
         now = time.monotonic()
         for child, n in self._walk(namespace, self._aligned(tokens), split=True):
             child.last_access, child.hits = now, child.hits + 1
+            if not child.on_device or lower:
+                lower += n
+                continue
             parts.append(child.value)
             node, pos = child, pos + n
-        slots = np.concatenate(parts) if parts else np.empty(0, np.int64)
-        return MatchResult(node, slots, pos)
+        slots = np.concatenate(parts) if parts else EMPTY
+        return MatchResult(node, slots, pos, lower)
 
-    def peek(self, namespace: str, tokens) -> tuple[int, TreeNode]:
-        """Cached prefix length and the deepest node reached; changes nothing."""
-        node, pos = self._root(namespace), 0
+    def peek(self, namespace: str, tokens) -> MatchResult:
+        """Like :meth:`match_prefix` (no slots) but changes nothing: no split, no touch."""
+        node, pos, lower = self._root(namespace), 0, 0
         for child, n in self._walk(namespace, self._aligned(tokens), split=False):
-            node, pos = child, pos + n
-        return pos, node
+            if not child.on_device or lower:
+                lower += n
+            else:
+                node, pos = child, pos + n
+        return MatchResult(node, EMPTY, pos, lower)
 
     def size_info(self) -> SizeInfo:
         return SizeInfo(self._evictable, self._protected)
@@ -108,17 +140,22 @@ class RadixCache:
     def insert(self, namespace: str, tokens, slots: np.ndarray) -> tuple[int, TreeNode]:
         """Cache ``slots`` for the page-aligned part of ``tokens``.
 
-        Returns (length already cached before this call, node of the end). The
-        caller still owns its slots in [0, that length) that differ from the
-        tree's and every slot past the aligned end: it frees them.
+        Returns (length already on the device before this call, node of the end).
+        The caller still owns its slots in [0, that length) that differ from the
+        tree's and every slot past the aligned end: it frees them. Nodes it passes
+        that sit only in the lower tier go back on the device with its slots.
         """
         key = self._aligned(tokens)
-        node, pos = self._root(namespace), 0
+        node, pos, existing = self._root(namespace), 0, -1
         now = time.monotonic()
         for child, n in self._walk(namespace, key, split=True):
             child.last_access = now
+            if not child.on_device:
+                existing = pos if existing < 0 else existing
+                child.value = np.asarray(slots[pos : pos + n], np.int64).copy()
+                self._evictable += n
             node, pos = child, pos + n
-        existing = pos
+        existing = pos if existing < 0 else existing
         if pos < len(key):
             node = self._add_leaf(node, key[pos:], np.asarray(slots[pos : len(key)], np.int64))
         return existing, node
@@ -142,9 +179,10 @@ class RadixCache:
             node = node.parent
 
     def evict(self, num_tokens: int) -> np.ndarray:
-        """Remove unlocked leaves (least valuable first) until ``num_tokens`` slots
-        are freed or nothing evictable is left; returns the freed slots."""
-        heap = [(self._priority(n), id(n), n) for n in self._leaves() if n.lock_ref == 0]
+        """Take unlocked device leaves (least valuable first) off the device until
+        ``num_tokens`` slots are freed or nothing evictable is left: demoted to the
+        lower tier where it takes them, else dropped. Returns the freed device slots."""
+        heap = [(self._priority(n), id(n), n) for n in self._device_leaves() if n.lock_ref == 0]
         heapq.heapify(heap)
         freed: list[np.ndarray] = []
         count = 0
@@ -152,26 +190,40 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             freed.append(leaf.value)
             count += len(leaf.value)
-            parent = self._remove_leaf(leaf)
-            if not parent.is_root and not parent.children and parent.lock_ref == 0:
+            self._evictable -= len(leaf.key)
+            parent = leaf.parent
+            lower = leaf.lower  # NOTE: a copy made earlier is still valid: KV never changes
+            if lower is None and self.tier is not None:
+                lower = self.tier.demote(leaf.value)
+            if lower is None:
+                self._drop(leaf)
+            else:
+                leaf.value, leaf.lower = None, lower
+            if self._is_device_leaf(parent) and parent.lock_ref == 0:
                 heapq.heappush(heap, (self._priority(parent), id(parent), parent))
-        return np.concatenate(freed) if freed else np.empty(0, np.int64)
+        return np.concatenate(freed) if freed else EMPTY
 
     def reset(self) -> np.ndarray:
-        """Drop everything (refused while anything is locked); returns all slots."""
+        """Drop everything (refused while anything is locked); returns the device slots."""
         if self._protected:
             raise RuntimeError("cannot clear the cache while requests hold it")
-        slots = [n.value for n in self._all_nodes()]
+        nodes = list(self._all_nodes())
+        self._free_lower(nodes)
+        slots = [n.value for n in nodes if n.on_device]
         self._roots.clear()
         self._evictable = 0
         self.on_event("cleared", "", [])
-        return np.concatenate(slots) if slots else np.empty(0, np.int64)
+        return np.concatenate(slots) if slots else EMPTY
 
     def check_integrity(self) -> None:
         """Raise AssertionError if sizes, locks, alignment or hashes disagree."""
         evictable = protected = 0
         for node in self._all_nodes():
-            assert len(node.key) == len(node.value) > 0 and len(node.key) % self.page_size == 0
+            assert node.on_device or node.lower is not None, "a node with its KV nowhere"
+            assert node.parent.is_root or node.parent.on_device or not node.on_device
+            for held in (node.value, node.lower):
+                assert held is None or len(held) == len(node.key) > 0
+            assert len(node.key) % self.page_size == 0
             assert len(node.hashes) == len(node.key) // self.page_size
             assert node.hashes == block_hashes(node.key, self.page_size, parent=node.parent.last_hash)
             locked_children = sum(c.lock_ref for c in node.children.values())
@@ -179,8 +231,9 @@ class RadixCache:
             for first, child in node.children.items():
                 assert child.parent is node and tuple(child.key[: self.page_size]) == first
             if node.lock_ref:
+                assert node.on_device, "a locked node off the device"
                 protected += len(node.key)
-            else:
+            elif node.on_device:
                 evictable += len(node.key)
         assert (evictable, protected) == (self._evictable, self._protected), (
             (evictable, protected), (self._evictable, self._protected))
@@ -227,11 +280,15 @@ class RadixCache:
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut ``child`` after n tokens; returns the new upper node."""
         pages = n // self.page_size
-        upper = TreeNode(child.parent, child.key[:n], child.value[:n], child.hashes[:pages],
-                         child.namespace)
+        value, lower = child.value, child.lower
+        upper = TreeNode(child.parent, child.key[:n], None if value is None else value[:n],
+                         child.hashes[:pages], child.namespace)
+        upper.lower = None if lower is None else lower[:n]
         upper.lock_ref, upper.last_access, upper.hits = child.lock_ref, child.last_access, child.hits
         child.parent.children[self._page(child.key, 0)] = upper
-        child.key, child.value, child.hashes = child.key[n:], child.value[n:], child.hashes[pages:]
+        child.key, child.hashes = child.key[n:], child.hashes[pages:]
+        child.value = None if value is None else value[n:]
+        child.lower = None if lower is None else lower[n:]
         child.parent = upper
         upper.children[self._page(child.key, 0)] = child
         return upper
@@ -244,20 +301,34 @@ class RadixCache:
         self.on_event("stored", parent.namespace, hashes)
         return leaf
 
-    def _remove_leaf(self, leaf: TreeNode) -> TreeNode:
-        parent = leaf.parent
-        del parent.children[self._page(leaf.key, 0)]
-        self._evictable -= len(leaf.key)
-        self.on_event("removed", leaf.namespace, leaf.hashes)
-        return parent
+    def _drop(self, node: TreeNode) -> None:
+        """Remove ``node`` (off the device or a device leaf) and the lower-tier
+        nodes below it."""
+        del node.parent.children[self._page(node.key, 0)]
+        stack, gone = [node], []
+        while stack:
+            gone.append(stack.pop())
+            stack.extend(gone[-1].children.values())
+        self._free_lower(gone)
+        for n in gone:
+            self.on_event("removed", n.namespace, n.hashes)
+
+    def _free_lower(self, nodes: list[TreeNode]) -> None:
+        held = [n.lower for n in nodes if n.lower is not None]
+        if held and self.tier is not None:
+            self.tier.free(np.concatenate(held))
 
     def _priority(self, node: TreeNode) -> tuple:
         if self.policy == "lfu":
             return (node.hits, node.last_access)
         return (node.last_access,)
 
-    def _leaves(self):
-        return (n for n in self._all_nodes() if not n.children)
+    def _is_device_leaf(self, node: TreeNode) -> bool:
+        return (not node.is_root and node.on_device
+                and not any(c.on_device for c in node.children.values()))
+
+    def _device_leaves(self):
+        return (n for n in self._all_nodes() if self._is_device_leaf(n))
 
     def _all_nodes(self):
         stack = [c for r in self._roots.values() for c in r.children.values()]

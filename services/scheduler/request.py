@@ -2,11 +2,11 @@
 
 KV positions of a request, and who owns their slots::
 
-    0 ........ tree_len ............ kv_len ........ len(fill)
+    0 ........ kv.tree_len .......... kv_len ........ len(fill)
     |  in the radix tree, locked    | the request's  | not computed yet
-    |  through lock_node (slots may | own slots      | (prefill chunks
+    |  through kv.node (slots may   | own slots      | (prefill chunks
     |  be the request's duplicates, |                |  still to run)
-    |  listed in dup_slots)         |                |
+    |  listed in kv.dup_slots)      |                |
 
 ``fill`` is prompt + output so far: a retracted request resumes by prefilling
 it again (mostly from the cache) and continues with the same output.
@@ -30,6 +30,23 @@ from libs.protocol.messages import ErrorInfo, Logprobs, SamplingParams
 
 
 @dataclass(eq=False)
+class KVHold:
+    """What a running request holds of the KV pool; only the cache (cache.py) changes it."""
+
+    slots: list[np.ndarray] = field(default_factory=list)  # slots of positions [0, kv_len)
+    tree_len: int = 0  # positions [0, tree_len) are in the tree
+    node: object | None = None  # the tree node it locks (covers [0, tree_len))
+    dup_slots: list[np.ndarray] = field(default_factory=list)  # own copies of tree pages
+
+    def all_slots(self) -> np.ndarray:
+        if not self.slots:
+            return np.empty(0, dtype=np.int64)
+        if len(self.slots) > 1:
+            self.slots = [np.concatenate(self.slots)]
+        return self.slots[0]
+
+
+@dataclass(eq=False)
 class Req:
     rid: str
     input_ids: list[int]
@@ -38,23 +55,20 @@ class Req:
     namespace: str = ""
     seed: int = field(default_factory=lambda: secrets.randbits(63))
     output_ids: list[int] = field(default_factory=list)
-    row: int = -1
-    kv_len: int = 0  # tokens whose K/V are in the pool
-    slots: list[np.ndarray] = field(default_factory=list)  # slots of positions [0, kv_len)
-    tree_len: int = 0
-    lock_node: object | None = None
-    dup_slots: list[np.ndarray] = field(default_factory=list)
+    row: int = -1  # row of the worker's request -> slots table (-1: none)
     new_row: bool = False  # the worker has not seen this row's sampling state yet
+    kv_len: int = 0  # positions whose K/V a step already sent writes
+    kv: KVHold = field(default_factory=KVHold)
+    ahead: int = 0  # tokens sampled by steps in flight, not yet in output_ids
     cached_tokens: int = 0
+    retractions: int = 0
+    aborted: bool = False
     finish_reason: str | None = None
     error: ErrorInfo | None = None
-    aborted: bool = False
-    retractions: int = 0
     # sampling.return_logprob: the next position of prompt + output whose logprob
     # is still to report (-1: none wanted), and those computed but not yet sent
     lp_next: int = -1
     lp_pending: Logprobs | None = None
-    ahead: int = 0  # tokens sampled by steps in flight, not yet in output_ids
     end_ids: list[int] = field(default_factory=list)  # with sampling.regex: ids that may end it
 
     def __post_init__(self) -> None:
@@ -88,10 +102,3 @@ class Req:
     @property
     def remaining_tokens(self) -> int:
         return self.sampling.max_new_tokens - len(self.output_ids)
-
-    def all_slots(self) -> np.ndarray:
-        if not self.slots:
-            return np.empty(0, dtype=np.int64)
-        if len(self.slots) > 1:
-            self.slots = [np.concatenate(self.slots)]
-        return self.slots[0]

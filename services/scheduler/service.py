@@ -11,7 +11,7 @@ from libs.protocol import ServiceError
 from libs.protocol.messages import AdoptRequest, WorkerInfo
 from libs.protocol.service import ServiceContext
 
-from .batcher import BatcherConfig
+from .config import CoreConfig
 from .session import WorkerSession
 
 log = logging.getLogger("scheduler")
@@ -19,14 +19,16 @@ log = logging.getLogger("scheduler")
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    batcher: BatcherConfig
+    core: CoreConfig
     max_workers: int = 0  # 0: adopt every free worker
     lease_s: float = 5.0
     liveness_s: float = 3.0
     forward_timeout: float = 300.0
 
 
-class Scheduler:
+class Adopter:
+    """Adopts announced free workers and drives each through a WorkerSession."""
+
     def __init__(self, ctx: ServiceContext, config: SchedulerConfig) -> None:
         self.ctx = ctx
         self.config = config
@@ -74,7 +76,7 @@ class Scheduler:
             log.info("could not adopt %s: %s", worker_id, exc.message)
             return
         session = WorkerSession(
-            self.ctx.bus, self.ctx.subjects, self.id, info, self.config.batcher,
+            self.ctx.bus, self.ctx.subjects, self.id, info, self.config.core,
             self.config.lease_s, self.config.forward_timeout,
         )
         self.sessions[worker_id] = session

@@ -1,4 +1,4 @@
-"""One adopted worker: its loop, lease renewal, load reports and subscriptions."""
+"""One adopted worker: its step driver, lease renewal, load reports and subscriptions."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from libs.protocol.messages import (
     PrepareRegex, SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply, SubmitRequest, WorkerInfo,
 )
 
-from .batcher import Batcher, BatcherConfig
+from .config import CoreConfig
+from .core import SchedulerCore
 from .intake import check_regex
 from .request import Req
-from .worker_loop import WorkerLoop, WorkerLost
+from .driver import StepDriver, WorkerLost
 
 log = logging.getLogger("scheduler.session")
 
@@ -29,13 +30,13 @@ RENEW_MAX_INTERVAL_S = 0.5
 
 class WorkerSession:
     def __init__(self, bus: Bus, subjects: Subjects, scheduler_id: str, info: WorkerInfo,
-                 config: BatcherConfig, lease_s: float, forward_timeout: float) -> None:
+                 config: CoreConfig, lease_s: float, forward_timeout: float) -> None:
         self.bus = bus
         self.subjects = subjects
         self.scheduler_id = scheduler_id
         self.info = info
         self.lease_s = lease_s
-        self.loop = WorkerLoop(bus, subjects, Batcher(info, config), forward_timeout)
+        self.driver = StepDriver(bus, subjects, SchedulerCore(info, config), forward_timeout)
         self.last_seen = time.monotonic()
         self.session = secrets.token_hex(6)  # names this adoption in replies and load reports
         self.closed = asyncio.Event()
@@ -56,7 +57,7 @@ class WorkerSession:
             await self.bus.subscribe(s.sched_snapshot(w), self._on_snapshot, SnapshotRequest),
         ]
         self._tasks = [
-            asyncio.create_task(self._run_loop()),
+            asyncio.create_task(self._drive()),
             asyncio.create_task(self._renew_lease()),
             asyncio.create_task(self._report_load()),
         ]
@@ -67,7 +68,7 @@ class WorkerSession:
             return
         self.closed.set()
         log.warning("releasing worker %s: %s", self.worker_id, reason)
-        self.loop.stop()
+        self.driver.stop()
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -75,9 +76,9 @@ class WorkerSession:
         for task in self._tasks:
             if task is not current:
                 task.cancel()
-        self.loop.fail_all(ErrorInfo(code="worker_lost", status=503,
+        self.driver.fail_all(ErrorInfo(code="worker_lost", status=503,
                                      message=f"worker {self.worker_id} lost: {reason}"))
-        await self.loop.flush()
+        await self.driver.flush()
         with contextlib.suppress(Exception):
             await self.bus.publish(self.subjects.index_load(self.worker_id),
                                    self._load_report(alive=False))
@@ -93,7 +94,7 @@ class WorkerSession:
                   output_ids=output)
         if output and req.lp_next >= 0:  # logprobs of the replayed output went out already
             req.lp_next = max(req.lp_next, req.fill_len)
-        position = self.loop.submit(req)
+        position = self.driver.submit(req)
         if req.sampling.regex:  # NOTE: the worker compiles it while the request queues
             await self._announce_pattern(req.sampling.regex)
         return SubmitReply(queue_position=position, session=self.session)
@@ -106,27 +107,27 @@ class WorkerSession:
             log.info("pattern not announced to %s: %s", self.worker_id, exc)
 
     async def _on_abort(self, msg: AbortRequest) -> None:
-        self.loop.abort(msg.rid, msg.reason)
+        self.driver.abort(msg.rid, msg.reason)
 
     async def _on_stats(self, _: SchedStatsRequest) -> SchedStats:
-        return msgspec.structs.replace(self.loop.batcher.stats(),
-                                       worker_idle_fraction=self.loop.idle_fraction,
-                                       worker_active_s=self.loop.active_s,
-                                       worker_busy_s=self.loop.busy_s)
+        return msgspec.structs.replace(self.driver.core.stats(),
+                                       worker_idle_fraction=self.driver.idle_fraction,
+                                       worker_active_s=self.driver.active_s,
+                                       worker_busy_s=self.driver.busy_s)
 
     async def _on_snapshot(self, _: SnapshotRequest) -> KVSnapshot:
-        return self.loop.batcher.snapshot()
+        return self.driver.core.snapshot()
 
     async def _on_flush(self, _: FlushRequest) -> FlushReply:
-        freed = self.loop.batcher.flush_cache()
-        await self.loop.flush()  # the "cleared" event goes out now
+        freed = self.driver.core.flush_cache()
+        await self.driver.flush()  # the "cleared" event goes out now
         return FlushReply(worker_id=self.worker_id, freed_slots=freed)
 
     # -- background tasks ------------------------------------------------------
 
-    async def _run_loop(self) -> None:
+    async def _drive(self) -> None:
         try:
-            await self.loop.run()
+            await self.driver.run()
         except WorkerLost as exc:
             await self.close(f"step failed: {exc}")
         except Exception as exc:  # noqa: BLE001 - e.g. a publish while the broker is away
@@ -165,14 +166,14 @@ class WorkerSession:
             await asyncio.sleep(LOAD_INTERVAL_S)
 
     def _load_report(self, alive: bool = True) -> LoadReport:
-        batcher = self.loop.batcher
+        core = self.driver.core
         return LoadReport(
             worker_id=self.worker_id, scheduler_id=self.scheduler_id, model=self.info.model,
-            running=len(batcher.running), waiting=len(batcher.waiting),
-            free_slots=batcher.cache.available, total_slots=self.info.kv_slots,
+            running=len(core.running), waiting=len(core.waiting),
+            free_slots=core.cache.available, total_slots=self.info.kv_slots,
             max_model_len=self.info.max_model_len, ts=time.time(),
-            queued_prefill_tokens=batcher.queued_prefill_tokens(),
-            prefill_tps=self.loop.prefill_tps, decode_step_s=self.loop.decode_step_s,
+            queued_prefill_tokens=core.queued_prefill_tokens(),
+            prefill_tps=self.driver.prefill_tps, decode_step_s=self.driver.decode_step_s,
             alive=alive, session=self.session,
         )
 

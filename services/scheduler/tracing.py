@@ -32,7 +32,7 @@ from libs.protocol.messages import ErrorInfo, TokenDelta
 from .request import Req
 
 if TYPE_CHECKING:
-    from .planner import Plan
+    from .step import Step
 
 TOKEN_EVENT_EVERY = 16
 
@@ -122,33 +122,34 @@ class StepTracer:
         if trace.get_current_span().is_recording():
             self.traces[req.rid] = RequestTrace(req, otel_context.get_current(), self.worker_id)
 
-    def step_started(self, plan: "Plan", step: int) -> Context | None:
+    def step_started(self, step: "Step") -> Context | None:
         """Admissions, retractions and prefill chunks of the step about to be sent;
         returns the context to send it in (a traced chunk's), or None."""
         if not self.traces:
             return None
-        for req in plan.retracted:
+        for req in step.retracted:
             if (t := self.traces.get(req.rid)) is not None:
                 t.retracted(req)
         parent = None
-        for (req, n), decode, start in zip(plan.items, plan.decodes, plan.prefix_lens):
-            if (t := self.traces.get(req.rid)) is None:
+        for item in step.items:
+            if (t := self.traces.get(item.req.rid)) is None:
                 continue
             if t.queue is not None:
-                t.admitted(start)
-            if not decode:
-                chunk = t.prefill(start, n, step)
+                t.admitted(item.prefix_len)
+            if not item.decode:
+                chunk = t.prefill(item.prefix_len, item.tokens, step.number)
                 parent = parent or trace.set_span_in_context(chunk)
         return parent
 
-    def step_done(self, plan: "Plan") -> None:
-        """After the batcher applied a step's result."""
+    def step_done(self, step: "Step") -> None:
+        """After the core applied a step's result."""
         if not self.traces:
             return
-        for (req, _), decode in zip(plan.items, plan.decodes):
+        for item in step.items:
+            req = item.req
             if (t := self.traces.get(req.rid)) is None:
                 continue
-            t.step_done(req, prefill=not decode)
+            t.step_done(req, prefill=not item.decode)
             if req.finish_reason is not None:
                 del self.traces[req.rid]
                 t.finish(req.finish_reason, len(req.output_ids), req.cached_tokens, req.error)

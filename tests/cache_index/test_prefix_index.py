@@ -1,11 +1,11 @@
 """The index's mirror ends equal to the scheduler's true tree after dropped events,
-a restart (new epoch) and a flush; a real Batcher produces the events."""
+a restart (new epoch) and a flush; a real SchedulerCore produces the events."""
 
 from __future__ import annotations
 
 
 from services.cache_index.prefix_index import PrefixIndex
-from tests.scheduler.test_batcher import branching_prompts, drain, make, req
+from tests.scheduler.test_core import branching_prompts, drain, make, req
 
 
 def scheduler(page_size=4, kv_slots=300):

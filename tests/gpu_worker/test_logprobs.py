@@ -1,4 +1,4 @@
-"""Prompt and output logprobs through the real Batcher + ModelRunner (no bus) vs HF (fp32)."""
+"""Prompt and output logprobs through the real SchedulerCore + ModelRunner (no bus) vs HF (fp32)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,22 @@ import torch
 
 from libs.protocol import ServiceError
 from libs.protocol.messages import ForwardBatch, ForwardResult, NewRow, SamplingParams, WorkerInfo
-from services.scheduler.batcher import Batcher, BatcherConfig
+from services.scheduler.config import CoreConfig
+from services.scheduler.core import SchedulerCore
 from services.scheduler.request import Req
 
 TEXT = "The quick brown fox jumps over the lazy dog. Then the dog wakes up and chases the fox."
 
 
-def _batcher(runner, **cfg) -> Batcher:
+def _batcher(runner, **cfg) -> SchedulerCore:
     info = WorkerInfo(worker_id="w", model="m", kv_slots=runner.config.kv_slots,
                       max_requests=runner.config.max_requests, max_model_len=runner.max_model_len,
                       vocab_size=runner.vocab_size, eos_token_ids=runner.eos_token_ids, dtype="float32")
     runner.table.zero_()
-    return Batcher(info, BatcherConfig(**cfg))
+    return SchedulerCore(info, CoreConfig(**cfg))
 
 
-def _drain(b: Batcher, runner) -> dict:
+def _drain(b: SchedulerCore, runner) -> dict:
     out: dict[str, dict] = {}
     while b.has_work():
         batch = b.next_batch()
@@ -109,7 +110,7 @@ def test_retraction_reports_every_position_once(runner, tokenizer):
         b = _batcher(runner, chunked_prefill_size=6, **cfg)
         b.submit(_req("a", ids[:15], 5, return_logprob=True, logprob_start_len=3, top_logprobs_num=1))
         b.submit(_req("b", ids[2:], 5, return_logprob=True))
-        outs.append((_drain(b, runner), b.counters["retractions"]))
+        outs.append((_drain(b, runner), b.stats().retractions))
     (plain, _), (retracted, n) = outs
     assert n > 0
     for rid in "ab":

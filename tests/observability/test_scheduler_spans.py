@@ -1,4 +1,4 @@
-"""The scheduler's request spans, driven by the real Batcher (no bus, no worker)."""
+"""The scheduler's request spans, driven by the real scheduler core (no bus, no worker)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from libs.protocol.messages import ForwardResult, SamplingParams, WorkerInfo
 from services.scheduler import tracing as sched_tracing
-from services.scheduler.batcher import Batcher, BatcherConfig
+from services.scheduler.config import CoreConfig
+from services.scheduler.core import SchedulerCore
 from services.scheduler.request import Req
 from services.scheduler.tracing import TOKEN_EVENT_EVERY, StepTracer
 
@@ -33,31 +34,31 @@ def request(i: int, new_tokens: int = 40) -> Req:
                sampling=SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
 
 
-def run(batcher: Batcher, tracer: StepTracer) -> list:
+def run(core: SchedulerCore, tracer: StepTracer) -> list:
     """Step until done; returns the context step_started gave for each step."""
     contexts = []
-    while batcher.has_work():
-        batch = batcher.next_batch()
-        plan = batcher.last_plan
-        contexts.append(tracer.step_started(plan, batch.step))
-        batcher.complete(ForwardResult(step=batch.step, next_token_ids=[5] * len(plan.items),
+    while core.has_work():
+        batch = core.next_batch()
+        plan = core.last_step
+        contexts.append(tracer.step_started(plan))
+        core.complete(ForwardResult(step=batch.step, next_token_ids=[5] * len(plan.items),
                                        forward_ms=0))
         tracer.step_done(plan)
-        tracer.finished(batcher.take_deltas())
+        tracer.finished(core.take_deltas())
     return contexts
 
 
 def test_queue_prefill_decode_and_retraction_spans(exporter):
-    batcher = Batcher(INFO, BatcherConfig(chunked_prefill_size=16, retract_interval=7))
+    core = SchedulerCore(INFO, CoreConfig(chunked_prefill_size=16, retract_interval=7))
     tracer = StepTracer("w")
     with exporter.tracer.start_as_current_span("submit") as submit:
         for i in range(2):
-            batcher.submit(req := request(i))
+            core.submit(req := request(i))
             tracer.submitted(req)
-    batcher.submit(untraced := request(2))
+    core.submit(untraced := request(2))
     tracer.submitted(untraced)  # outside any trace: costs nothing, no spans
     assert set(tracer.traces) == {"r0", "r1"}
-    contexts = run(batcher, tracer)
+    contexts = run(core, tracer)
     assert not tracer.traces
 
     spans = exporter.get_finished_spans()
@@ -91,26 +92,26 @@ def test_queue_prefill_decode_and_retraction_spans(exporter):
 
 
 def test_untraced_requests_cost_no_spans(exporter):
-    batcher = Batcher(INFO, BatcherConfig())
+    core = SchedulerCore(INFO, CoreConfig())
     tracer = StepTracer("w")
     for i in range(3):
-        batcher.submit(req := request(i, 4))
+        core.submit(req := request(i, 4))
         tracer.submitted(req)
-    assert all(c is None for c in run(batcher, tracer))
+    assert all(c is None for c in run(core, tracer))
     assert exporter.get_finished_spans() == ()
 
 
 def test_abort_while_queued_ends_the_spans(exporter):
-    batcher = Batcher(INFO, BatcherConfig(max_running_requests=1))
+    core = SchedulerCore(INFO, CoreConfig(max_running_requests=1))
     tracer = StepTracer("w")
     with exporter.tracer.start_as_current_span("submit"):
         for i in range(2):
-            batcher.submit(req := request(i, 4))
+            core.submit(req := request(i, 4))
             tracer.submitted(req)
-    batch = batcher.next_batch()
-    tracer.step_started(batcher.last_plan, batch.step)
-    batcher.abort("r1")  # still queued behind r0
-    tracer.finished(batcher.take_deltas())
+    batch = core.next_batch()
+    tracer.step_started(core.last_step)
+    core.abort("r1")  # still queued behind r0
+    tracer.finished(core.take_deltas())
     (root,) = [s for s in exporter.get_finished_spans() if s.name == "scheduler.request"]
     assert root.attributes["radixmesh.rid"] == "r1"
     assert root.attributes["radixmesh.finish_reason"] == "abort"

@@ -7,14 +7,14 @@ from services.scheduler.__main__ import build_config, parse_args
 
 def test_overlap_is_on_unless_disabled(monkeypatch):
     monkeypatch.delenv("RADIXMESH_DISABLE_OVERLAP_SCHEDULE", raising=False)
-    assert build_config(parse_args([])).batcher.overlap
-    assert not build_config(parse_args(["--disable-overlap-schedule"])).batcher.overlap
+    assert build_config(parse_args([])).core.overlap
+    assert not build_config(parse_args(["--disable-overlap-schedule"])).core.overlap
     monkeypatch.setenv("RADIXMESH_DISABLE_OVERLAP_SCHEDULE", "1")
-    assert not build_config(parse_args([])).batcher.overlap
+    assert not build_config(parse_args([])).core.overlap
 
 
 def test_batching_flags():
     cfg = build_config(parse_args(["--chunked-prefill-size", "64", "--schedule-policy", "lpm",
-                                   "--disable-radix-cache", "--page-size", "4"])).batcher
+                                   "--disable-radix-cache", "--page-size", "4"])).core
     assert (cfg.chunked_prefill_size, cfg.schedule_policy, cfg.enable_cache, cfg.page_size) == (
         64, "lpm", False, 4)

@@ -14,7 +14,7 @@ import pytest
 from libs.protocol.messages import ForwardResult
 
 from .slot_worker import SlotWorker
-from .test_batcher import assert_all_slots_back, branching_prompts, make, req
+from .test_core import assert_all_slots_back, branching_prompts, make, req
 
 
 def run(b, w: SlotWorker, overlap: bool, abort_at: dict[int, str] | None = None) -> dict:

@@ -6,7 +6,7 @@ import pytest
 
 from libs.protocol import ServiceError
 
-from .test_batcher import EOS, make, req
+from .test_core import EOS, make, req
 
 
 def _new_rows(b, w, steps: int):
@@ -38,7 +38,7 @@ def test_a_retracted_row_resumes_after_its_output():
     b.submit(req("b", prompt=list(range(40, 52)), max_new=12, regex="y+"))
     seen = _new_rows(b, w, 40)
     again = [r for r in seen if r.regex_tokens]
-    assert b.counters["retractions"] > 0 and again
+    assert b.stats().retractions > 0 and again
     for r in again:  # it starts after prompt + output, whose tokens it replays
         prompt = 20 if r.regex == "x+" else 12
         assert r.regex_from == prompt + len(r.regex_tokens)

@@ -10,11 +10,11 @@ import pytest
 
 from libs.protocol import Bus, ServiceError, Subjects
 from libs.protocol.messages import PrepareRegex, SamplingParams, SubmitRequest, WorkerInfo
-from services.scheduler.batcher import BatcherConfig
+from services.scheduler.config import CoreConfig
 from services.scheduler.request import Req
 from services.scheduler.session import WorkerSession, _split_resumed
 
-from .test_batcher import drain, make
+from .test_core import drain, make
 
 
 def submit(ids, n, max_new=8) -> SubmitRequest:
@@ -69,7 +69,7 @@ async def test_a_constrained_submit_announces_its_pattern_to_the_worker(nats_ser
         seen.append(msg)
 
     await bus.subscribe(subjects.worker_prepare("w1"), record, PrepareRegex)
-    session = WorkerSession(bus, subjects, "s1", info, BatcherConfig(), lease_s=5.0, forward_timeout=5.0)
+    session = WorkerSession(bus, subjects, "s1", info, CoreConfig(), lease_s=5.0, forward_timeout=5.0)
     try:
         await session._on_submit(SubmitRequest(rid="free", input_ids=[5, 6], detok_instance="t",
                                                sampling=SamplingParams(max_new_tokens=4)))

@@ -8,7 +8,8 @@ import pytest
 
 from libs.protocol import ServiceError
 from libs.protocol.messages import ErrorInfo, SamplingParams, WorkerInfo
-from services.scheduler.batcher import Batcher, BatcherConfig
+from services.scheduler.config import CoreConfig
+from services.scheduler.core import SchedulerCore
 from services.scheduler.request import Req
 
 from .slot_worker import SlotWorker
@@ -16,10 +17,10 @@ from .slot_worker import SlotWorker
 EOS = 2
 
 
-def make(kv_slots=256, max_requests=16, **cfg) -> tuple[Batcher, SlotWorker]:
+def make(kv_slots=256, max_requests=16, **cfg) -> tuple[SchedulerCore, SlotWorker]:
     info = WorkerInfo(worker_id="w1", model="m", kv_slots=kv_slots, max_requests=max_requests,
                       max_model_len=512, vocab_size=1000, eos_token_ids=[EOS], dtype="float32")
-    return Batcher(info, BatcherConfig(**cfg)), SlotWorker(kv_slots, max_requests, 512)
+    return SchedulerCore(info, CoreConfig(**cfg)), SlotWorker(kv_slots, max_requests, 512)
 
 
 def req(rid, prompt=None, max_new=3, ns="", **sp) -> Req:
@@ -27,14 +28,14 @@ def req(rid, prompt=None, max_new=3, ns="", **sp) -> Req:
                sampling=SamplingParams(max_new_tokens=max_new, **sp), detok_instance="tok1")
 
 
-def step(b: Batcher, w: SlotWorker):
+def step(b: SchedulerCore, w: SlotWorker):
     batch = b.next_batch()
     assert batch is not None
     b.complete(w.run(batch))
     return batch
 
 
-def drain(b: Batcher, w: SlotWorker, limit=10_000) -> dict[str, list[int]]:
+def drain(b: SchedulerCore, w: SlotWorker, limit=10_000) -> dict[str, list[int]]:
     outputs: dict[str, list[int]] = {}
     for _ in range(limit):
         if not b.has_work():
@@ -48,7 +49,7 @@ def drain(b: Batcher, w: SlotWorker, limit=10_000) -> dict[str, list[int]]:
     return outputs
 
 
-def assert_all_slots_back(b: Batcher):
+def assert_all_slots_back(b: SchedulerCore):
     size = b.cache.tree.size_info() if b.cache.tree else None
     assert b.cache.available == b.info.kv_slots
     assert size is None or size.protected == 0

@@ -1,24 +1,29 @@
-"""The step loop of one worker: batch, forward over the bus, publish deltas."""
+"""The bus side of one worker's core: send each step, await its result, publish.
+
+The core (core.py) plans; this file only moves messages. With overlap the next
+step is planned and sent while the worker runs the current one (its decodes
+read the tokens that one samples on the worker), so the worker never waits for
+the scheduler between steps. The steps awaiting results are the core's
+``inflight`` queue; each carries its reply future in ``Step.pending``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections import defaultdict, deque
-from dataclasses import dataclass
+from collections import defaultdict
 
 from opentelemetry import context as otel_context
 
 from libs.protocol import Bus, ServiceError, Subjects
 from libs.protocol.messages import DetokBatch, ErrorInfo, ForwardResult
 
-from .batcher import Batcher
-from .planner import Plan
+from .core import SchedulerCore
 from .request import Req
 from .tracing import StepTracer
 
-log = logging.getLogger("scheduler.loop")
+log = logging.getLogger("scheduler.driver")
 
 
 LOST_REPLY_S = 1.0
@@ -28,31 +33,21 @@ class WorkerLost(Exception):
     pass
 
 
-@dataclass
-class Step:
-    """A step sent to the worker, awaiting its result."""
-
-    number: int
-    plan: Plan
-    extend_lens: list[int]
-    future: asyncio.Future
-    reconnects: int  # the bus's reconnect count when it was sent
-
-
-class WorkerLoop:
+class StepDriver:
     """Drives one worker until stopped or until the worker fails a step."""
 
-    def __init__(self, bus: Bus, subjects: Subjects, batcher: Batcher,
+    def __init__(self, bus: Bus, subjects: Subjects, core: SchedulerCore,
                  forward_timeout: float = 300.0) -> None:
         self.bus = bus
         self.subjects = subjects
-        self.batcher = batcher
-        self.worker_id = batcher.info.worker_id
+        self.core = core
+        self.worker_id = core.info.worker_id
         self.forward_timeout = forward_timeout
         self.tracer = StepTracer(self.worker_id)
         self._wake = asyncio.Event()
         self._stopped = False
-        self.overlap = batcher.config.overlap
+        self.overlap = core.config.overlap
+        self._reconnects_at: dict[int, int] = {}  # step number -> bus reconnects when sent
         # worker idle fraction: forward time vs wall time while work was in flight
         self._active_since: float | None = None
         self.active_s = 0.0
@@ -66,13 +61,13 @@ class WorkerLoop:
         return max(0.0, 1.0 - self.busy_s / self.active_s) if self.active_s else 0.0
 
     def submit(self, req: Req) -> int:
-        position = self.batcher.submit(req)
+        position = self.core.submit(req)
         self.tracer.submitted(req)
         self._wake.set()
         return position
 
     def abort(self, rid: str, reason: str) -> None:
-        if self.batcher.abort(rid, reason):
+        if self.core.abort(rid, reason):
             self._wake.set()
 
     def stop(self) -> None:
@@ -80,66 +75,61 @@ class WorkerLoop:
         self._wake.set()
 
     async def run(self) -> None:
-        """Step until stopped; raises WorkerLost after failing every request.
-
-        With ``overlap`` the next step is planned and sent while the worker runs
-        the current one (its decodes read the tokens that one samples on the
-        worker), so the worker never waits for the scheduler between steps.
-        """
+        """Step until stopped; raises WorkerLost after failing every request."""
         forward = self.subjects.worker_forward(self.worker_id)
         # NOTE: steps belong to no trace unless one prefills a traced request
         otel_context.attach(otel_context.Context())
-        inflight: deque[Step] = deque()
+        inflight = self.core.inflight
         while not self._stopped:
             if not inflight:
-                if not self.batcher.has_work():
+                if not self.core.has_work():
                     await self.flush()
                     self._active_since = None
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                if not self._send(forward, inflight):
+                if not self._send(forward):
                     await self.flush()
                     await asyncio.sleep(0.005)
                     continue
             if self.overlap and len(inflight) == 1:
-                self._send(forward, inflight)  # planned ahead of the step in flight
+                self._send(forward)  # planned ahead of the step in flight
             # NOTE: the last applied step's deltas and KV events go out while the worker runs.
             await self.flush()
-            step = inflight.popleft()
+            oldest = inflight[0]
             try:
-                result = await self._reply(step.future, step.reconnects)
+                result = await self._reply(oldest.pending, self._reconnects_at.pop(oldest.number))
             except ServiceError as exc:
-                for later in inflight:
-                    later.future.cancel()
-                log.error("worker %s failed step %d: %s", self.worker_id, step.number, exc)
-                self.fail_all(ErrorInfo(
-                    code="worker_failed", status=503,
-                    message=f"worker {self.worker_id} failed: {exc.message}",
-                ))
-                await self.flush()
-                raise WorkerLost(str(exc)) from exc
+                await self._lost(oldest.number, exc)
             self._account(result.forward_ms / 1e3)
-            self._measure(step.extend_lens, result.forward_ms / 1e3)
-            self.batcher.complete(result)
-            self.tracer.step_done(step.plan)
+            self._measure([item.tokens for item in oldest.items], result.forward_ms / 1e3)
+            self.tracer.step_done(self.core.complete(result))
 
-    def _send(self, forward: str, inflight: deque[Step]) -> bool:
+    async def _lost(self, number: int, exc: ServiceError) -> None:
+        for later in self.core.inflight:
+            later.pending.cancel()
+        log.error("worker %s failed step %d: %s", self.worker_id, number, exc)
+        self.fail_all(ErrorInfo(code="worker_failed", status=503,
+                                message=f"worker {self.worker_id} failed: {exc.message}"))
+        await self.flush()
+        raise WorkerLost(str(exc)) from exc
+
+    def _send(self, forward: str) -> bool:
         """Plan the next step and send it; False if there is nothing to send."""
-        batch = self.batcher.next_batch()
+        batch = self.core.next_batch()
         if batch is None:
             return False
-        plan = self.batcher.last_plan
-        parent = self.tracer.step_started(plan, batch.step)
+        step = self.core.last_step
+        parent = self.tracer.step_started(step)
         self._account(0.0)
         token = otel_context.attach(parent) if parent is not None else None
         # NOTE: nc.request queues its message before its first await, and tasks
         # start in creation order: steps reach the worker in the order sent
-        future = asyncio.ensure_future(
+        step.pending = asyncio.ensure_future(
             self.bus.request(forward, batch, ForwardResult, timeout=self.forward_timeout))
         if token is not None:
             otel_context.detach(token)
-        inflight.append(Step(batch.step, plan, batch.extend_lens, future, self._reconnects()))
+        self._reconnects_at[step.number] = self._reconnects()
         return True
 
     def _reconnects(self) -> int:
@@ -180,22 +170,22 @@ class WorkerLoop:
         self.busy_s += forward_s
 
     def fail_all(self, error: ErrorInfo) -> None:
-        self.batcher.fail_all(error)
+        self.core.fail_all(error)
 
     async def flush(self) -> None:
         """Publish this step's KV events, then its deltas: one DetokBatch per
         tokenizer instance."""
-        events = self.batcher.take_events()
+        events = self.core.take_events()
         if events is not None:
             await self.bus.publish(self.subjects.index_events(self.worker_id), events)
-        deltas = self.batcher.take_deltas()
+        deltas = self.core.take_deltas()
         if not deltas:
             return
         self.tracer.finished(deltas)
         groups: dict[str, list] = defaultdict(list)
         for instance, delta in deltas:
             groups[instance].append(delta)
-        step = self.batcher.steps
+        step = self.core.steps
         for instance, items in groups.items():
             await self.bus.publish(
                 self.subjects.tokenizer_detok(instance),

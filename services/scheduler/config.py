@@ -1,0 +1,21 @@
+"""Configuration of one worker's scheduler core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    max_running_requests: int = 256
+    max_queued_requests: int = 4096
+    chunked_prefill_size: int = 1024
+    schedule_policy: str = "fcfs"
+    enable_cache: bool = True
+    page_size: int = 1
+    eviction_policy: str = "lru"
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+    retract_interval: int = 0  # testing: retract one running request every N steps
+    overlap: bool = True  # plan and send step N+1 while the worker runs step N

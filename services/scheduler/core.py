@@ -1,0 +1,252 @@
+"""One worker's scheduler core, with no I/O: requests in, ForwardBatches out,
+results in, token deltas and KV events out.
+
+The loop around it (driver.py) is::
+
+    batch = core.next_batch()     # plan (planner.py), build (step.py), send
+    ...                           # with overlap: the next one, before this result
+    core.complete(result)         # the oldest step in flight gets its tokens
+    core.take_deltas(), core.take_events()
+
+Each step: running requests decode one token; prefills (new requests, resumed
+ones and unfinished chunks) fill the rest of the step's token budget, so a long
+prompt runs in chunks next to the decodes. A request starts from its cached
+prefix (cache.py) and only computes the rest. Results are applied in the order
+the steps were sent (``inflight``: the one queue of steps awaiting results).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+
+import numpy as np
+
+from libs.protocol import ServiceError, errors
+from libs.protocol.messages import (
+    ErrorInfo, ForwardBatch, ForwardResult, KVEventBatch, KVSnapshot, SchedStats, TokenDelta,
+    WorkerInfo,
+)
+
+from .allocator import RowAllocator
+from .cache import KVCache
+from .config import CoreConfig
+from .events import EventLog
+from .intake import check_request, end_ids
+from .logprobs import pop_logprobs, take_logprobs
+from .planner import Planner
+from .radix_cache import LowerTier
+from .request import Req
+from .step import Step
+
+EARLY_ABORTS = 4096  # aborts of not (yet) known rids remembered
+
+
+class SchedulerCore:
+    def __init__(self, info: WorkerInfo, config: CoreConfig, tier: LowerTier | None = None) -> None:
+        self.info = info
+        self.config = config
+        self.events = EventLog(info.worker_id, config.page_size)
+        self.cache = KVCache(info.kv_slots, config.enable_cache, config.page_size,
+                             config.eviction_policy, self.events.record, tier)
+        self.rows = RowAllocator(info.max_requests)
+        self.planner = Planner(config, self.cache, self.rows, info.max_model_len)
+        self.eos = frozenset(info.eos_token_ids)
+        self.inflight: deque[Step] = deque()  # steps sent, results not yet applied
+        self.needs_result = False  # the last next_batch waits for the step in flight
+        self.steps = 0
+        self.generated = self.finished = 0
+        self.batch_sizes: Counter[int] = Counter()
+        self._by_rid: dict[str, Req] = {}
+        self._early_aborts: OrderedDict[str, bool] = OrderedDict()
+        self._out: list[tuple[str, TokenDelta]] = []
+
+    @property
+    def waiting(self):
+        return self.planner.waiting
+
+    @property
+    def running(self) -> list[Req]:
+        return self.planner.running
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- intake ---------------------------------------------------------------
+
+    def submit(self, req: Req) -> int:
+        if self._early_aborts.pop(req.rid, False):
+            raise ServiceError("aborted", f"request {req.rid} was aborted before it arrived", 409)
+        if req.rid in self._by_rid:
+            raise errors.invalid_request(f"request id {req.rid} is already queued")
+        if len(self.waiting) >= self.config.max_queued_requests:
+            raise errors.overloaded(
+                f"server is busy: {len(self.waiting)} requests already queued "
+                f"(--max-queued-requests={self.config.max_queued_requests}); retry later"
+            )
+        check_request(req, self.info)
+        if req.sampling.regex:
+            req.end_ids = end_ids(req, self.info.eos_token_ids)
+        self.waiting.append(req)
+        self._by_rid[req.rid] = req
+        return len(self.waiting) - 1
+
+    def abort(self, rid: str, reason: str = "abort") -> bool:
+        req = self._by_rid.get(rid)
+        if req is None:
+            # NOTE: a submit the gateway gave up on may still be on its way: remember
+            # the abort (bounded) so it is refused instead of computed for no one
+            self._early_aborts[rid] = True
+            if len(self._early_aborts) > EARLY_ABORTS:
+                self._early_aborts.popitem(last=False)
+            return False
+        req.aborted = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+            self._finish(req, "abort")
+        return True
+
+    def flush_cache(self) -> int:
+        if self.has_work():
+            raise errors.invalid_request("cannot flush the cache while requests are running")
+        freed = self.cache.flush()
+        self.events.new_epoch()
+        return freed
+
+    # -- one step ---------------------------------------------------------------
+
+    def next_batch(self) -> ForwardBatch | None:
+        """Plan the step (retract, admit, allocate), build its ForwardBatch and
+        count it as sent; with steps in flight it is planned ahead of their
+        results. None: nothing to run now (``needs_result``: not before the step
+        in flight is applied)."""
+        self._reap_aborted()
+        interval = self.config.retract_interval
+        forced = bool(interval and self.steps and self.steps % interval == 0)
+        step = self.planner.plan(ahead=bool(self.inflight), force_retract=forced)
+        self.needs_result = step.sync
+        if not step.items:
+            return None
+        self.steps += 1
+        self.batch_sizes[len(step.items)] += 1
+        batch = step.to_batch(self.steps)
+        step.launch()
+        for item in step.items:
+            if not item.decode:  # NOTE: shareable now: any step sent later reads it after it is written
+                self.cache.commit(item.req)
+        self.inflight.append(step)
+        return batch
+
+    @property
+    def last_step(self) -> Step:
+        return self.inflight[-1]
+
+    def complete(self, result: ForwardResult) -> Step:
+        """Apply the sampled tokens of the oldest step in flight; returns that step."""
+        step = self.inflight.popleft() if self.inflight else None
+        if step is None or len(result.next_token_ids) != len(step.items) \
+                or len(result.logprobs) != sum(item.lp_count for item in step.items):
+            raise errors.internal("worker result does not match the step it answers")
+        decoded = False
+        lp_at = np.cumsum([0, *(item.lp_count for item in step.items)]).tolist()
+        for i, (item, token) in enumerate(zip(step.items, result.next_token_ids)):
+            req = item.req
+            req.ahead -= item.samples
+            if req.finish_reason is not None:
+                continue  # it ended while this step ran (a stop, an abort): token dropped
+            if item.lp_first >= 0:
+                take_logprobs(req, result, token, lp_at[i], item.lp_count, item.lp_first,
+                              item.lp_zero)
+            if req.aborted:
+                self._finish(req, "abort")
+            elif not item.samples:
+                continue  # a prefill chunk (cached when sent)
+            elif req.remaining_tokens <= 0:
+                self._finish(req, "length")  # max_new_tokens 0: prefill only, now cached
+            else:
+                decoded |= item.tokens == 1
+                self._append(req, token)
+        if decoded:
+            self.planner.decoded()
+        self._prune()
+        return step
+
+    def fail_all(self, error: ErrorInfo) -> None:
+        """The worker is gone: every request ends with ``error``."""
+        for req in list(self.waiting) + self.running:
+            req.error = error
+            self._finish(req, "error")
+        self.waiting.clear()
+        self.running.clear()
+        self.inflight.clear()
+
+    # -- what goes out ------------------------------------------------------------
+
+    def take_deltas(self) -> list[tuple[str, TokenDelta]]:
+        """(detok instance, delta) pairs produced since the last call."""
+        out, self._out = self._out, []
+        return out
+
+    def take_events(self) -> KVEventBatch | None:
+        return self.events.take()
+
+    def snapshot(self) -> KVSnapshot:
+        return self.events.snapshot(self.cache.tree)
+
+    def queued_prefill_tokens(self) -> int:
+        return self.planner.queued_prefill_tokens()
+
+    def stats(self) -> SchedStats:
+        size = self.cache.tree.size_info() if self.cache.tree else (0, 0)
+        p = self.planner
+        return SchedStats(
+            worker_id=self.info.worker_id, steps=self.steps, running=len(self.running),
+            waiting=len(self.waiting), free_slots=self.cache.free,
+            max_batch_size=max(self.batch_sizes, default=0),
+            batch_size_hist=dict(self.batch_sizes), tokens_generated=self.generated,
+            requests_finished=self.finished, prompt_tokens=p.prompt_tokens,
+            cached_tokens=p.cached_tokens, retractions=p.retractions,
+            cache_enabled=self.cache.tree is not None,
+            evictable_slots=size[0], protected_slots=size[1],
+        )
+
+    # -- internals -------------------------------------------------------------
+
+    def _append(self, req: Req, token: int) -> None:
+        req.output_ids.append(token)
+        self.generated += 1
+        reason = self._finish_reason(req, token)
+        if reason:
+            self._finish(req, reason, [token])
+            return
+        # NOTE: cached_tokens on every delta: a stop string may end the stream before our finish
+        self._out.append((req.detok_instance, TokenDelta(rid=req.rid, token_ids=[token],
+                                                         cached_tokens=req.cached_tokens,
+                                                         logprobs=pop_logprobs(req))))
+
+    def _finish_reason(self, req: Req, token: int) -> str | None:
+        if token in req.sampling.stop_token_ids:
+            return "stop"
+        if not req.sampling.ignore_eos and token in self.eos:
+            return "stop"
+        if req.remaining_tokens <= 0 or req.fill_len >= self.info.max_model_len:
+            return "length"
+        return None
+
+    def _reap_aborted(self) -> None:
+        for req in [r for r in self.running if r.aborted]:
+            self._finish(req, "abort")
+        self._prune()
+
+    def _prune(self) -> None:
+        self.running[:] = [r for r in self.running if r.finish_reason is None]
+
+    def _finish(self, req: Req, reason: str, tokens: list[int] | None = None) -> None:
+        req.finish_reason = reason
+        self.planner.drop(req)
+        self._by_rid.pop(req.rid, None)
+        self.finished += 1
+        self._out.append((req.detok_instance, TokenDelta(
+            rid=req.rid, token_ids=tokens or [], finish_reason=reason, error=req.error,
+            prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens, logprobs=pop_logprobs(req),
+        )))

@@ -1,0 +1,43 @@
+"""KV events of one worker's cache, numbered per epoch, and snapshots of it."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from libs.protocol.messages import KVEvent, KVEventBatch, KVSnapshot
+
+from .radix_cache import RadixCache
+
+
+class EventLog:
+    """Collects the tree's stored / removed / cleared events until they are taken."""
+
+    def __init__(self, worker_id: str, page_size: int) -> None:
+        self.worker_id = worker_id
+        self.page_size = page_size
+        self.epoch = secrets.randbits(62)
+        self.seq = 0  # number of the first event not yet taken
+        self._events: list[KVEvent] = []
+
+    def record(self, kind: str, namespace: str, hashes: list[int]) -> None:
+        self._events.append(KVEvent(kind=kind, namespace=namespace, block_hashes=hashes))
+
+    def new_epoch(self) -> None:
+        """The cache was flushed: the index must start over."""
+        self.epoch, self.seq = secrets.randbits(62), 0
+
+    def take(self) -> KVEventBatch | None:
+        if not self._events:
+            return None
+        events, self._events = self._events, []
+        batch = KVEventBatch(worker_id=self.worker_id, epoch=self.epoch, seq=self.seq,
+                             page_size=self.page_size, events=events, ts=time.time())
+        self.seq += len(events)
+        return batch
+
+    def snapshot(self, tree: RadixCache | None) -> KVSnapshot:
+        """All cached pages; events not yet taken are already reflected in it."""
+        return KVSnapshot(worker_id=self.worker_id, epoch=self.epoch,
+                          seq=self.seq + len(self._events), page_size=self.page_size,
+                          block_hashes=tree.all_hashes() if tree else [])
