@@ -358,6 +358,7 @@ class WorkerInfo(Base, tag="worker_info.v1"):
     dtype: str
     adopted_by: str | None = None
     epoch: int = 0
+    host_kv_slots: int = 0  # slots of the worker's host KV pool (0: none; see KVCopy)
 
 
 class AdoptRequest(Base, tag="adopt.v1"):
@@ -397,6 +398,21 @@ class PrepareRegex(Base, tag="prepare_regex.v1"):
     patterns: list[str]
 
 
+class KVCopy(Base, array_like=True):
+    """One KV copy the worker runs before its step's forward, in batch order.
+
+    ``d2h``: device slots ``src`` -> host slots ``dst``; ``h2d``: host ``src`` ->
+    device ``dst``; ``export``: device ``src`` -> a new transfer buffer ``buffer``
+    (``dst`` empty); ``import``: transfer buffer ``buffer`` -> device ``dst`` (``src``
+    empty; the buffer is consumed). A slot is one token (page size 1).
+    """
+
+    kind: Literal["d2h", "h2d", "export", "import"]
+    src: list[int] = []
+    dst: list[int] = []
+    buffer: str = ""
+
+
 class ForwardBatch(Base, tag="forward.v1"):
     """One step. Arrays are parallel per request, in batch order.
 
@@ -421,6 +437,9 @@ class ForwardBatch(Base, tag="forward.v1"):
     logprob_count: list[int] = []
     logprob_next: list[int] = []
     top_logprobs_num: list[int] = []
+    # KV copies run before this step's forward, in order; a step may carry copies and
+    # no rows (then it returns no tokens)
+    copies: list[KVCopy] = []
 
 
 class ForwardResult(Base, tag="forward_result.v1"):

@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-slots", type=int, default=int(env("RADIXMESH_KV_SLOTS", "32768")))
     p.add_argument("--max-requests", type=int, default=int(env("RADIXMESH_MAX_REQUESTS", "256")))
     p.add_argument("--max-model-len", type=int, default=None, help="default: max_position_embeddings")
+    p.add_argument("--host-kv-slots", type=int, default=int(env("RADIXMESH_HOST_KV_SLOTS", "0")),
+                   help="slots of the host KV pool for device <-> host copies (0: none)")
     p.add_argument("--attention-backend", default=env("RADIXMESH_ATTENTION_BACKEND", "auto"),
                    help="torch | cpu | triton | flashinfer | auto (cpu, else torch, on the CPU; "
                         "best available on CUDA)")
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         runner = ModelRunner(RunnerConfig(
             model=args.model, dtype=args.dtype, kv_slots=args.kv_slots, max_requests=args.max_requests,
             attention_backend=args.attention_backend, device=args.device, max_model_len=args.max_model_len,
+            host_kv_slots=args.host_kv_slots,
         ))
     except (BackendNotAvailable, ModelNotFoundError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{SERVICE}: {exc}") from None

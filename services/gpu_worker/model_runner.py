@@ -15,6 +15,7 @@ from radixmesh.models import resolve_model
 
 from .batch import Limits, LogprobPlan, StepArrays, parse_batch, parse_logprobs
 from .constraints import Constraints
+from .kv_copy import KVCopier
 from .model import LlamaModel
 from .sampler import Sampler, token_logprobs
 
@@ -30,6 +31,7 @@ class RunnerConfig:
     attention_backend: str = "auto"  # auto: torch on CPU; flashinfer, else triton, on CUDA
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
+    host_kv_slots: int = 0  # slots of the host KV pool for d2h/h2d copies (0: none)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class ModelRunner:
         mc = self.model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, DTYPES[config.dtype], self.device)
+        self.kv_copies = KVCopier(self.kv, config.host_kv_slots)  # host pool, staging buffers
         backend = config.attention_backend
         if backend == "auto":
             backend = default_backend(self.device, DTYPES[config.dtype])
@@ -96,6 +99,9 @@ class ModelRunner:
     def run(self, batch: ForwardBatch) -> StepOutput:
         """Like :meth:`execute`, plus the logprobs ``batch`` asks for (one
         log_softmax over all wanted positions of the step, no per-token work)."""
+        if batch.copies and not batch.rows:  # a copy-only step: no forward, no tokens
+            self.kv_copies.run(batch.copies)
+            return StepOutput([])
         step = parse_batch(batch, self.limits)
         plan = parse_logprobs(batch, step, self.vocab_size)
         extra = plan.index if plan is not None else None
@@ -143,6 +149,7 @@ class ModelRunner:
         """Logits of each request's last token [B, vocab], then of the tokens at
         ``extra`` (flat token indices), in one LM-head pass."""
         ids = self._input_ids(batch, step)
+        self.kv_copies.run(batch.copies)  # NOTE: checked, then run, before any state changes
         self.sampler.set_rows(batch.new_rows)
         self.constraints.set_rows(batch.new_rows)
         self.sampled_step[[r.row for r in batch.new_rows]] = -2
