@@ -18,7 +18,7 @@ case "${1:-}" in
     ;;
   models)
     shift
-    exec python -m radixmesh.models "$@"
+    exec python -m libs.models "$@"
     ;;
   health)
     shift

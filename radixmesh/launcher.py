@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .models import DEFAULT_MODEL, resolve_model
+from libs.models import DEFAULT_MODEL, resolve_model
+
 from .natsd import NatsServer, free_port
 from .trace import SPANS_FILE, SpanReceiver
 

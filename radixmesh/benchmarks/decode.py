@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from libs.models import resolve_model
 from libs.protocol.messages import ForwardResult, SamplingParams, WorkerInfo
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
-from radixmesh.models import resolve_model
 from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
 from services.scheduler.config import CoreConfig
 from services.scheduler.core import SchedulerCore
@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoModelForCausalLM
 
-    runner = ModelRunner(RunnerConfig(kv_slots=16384))
-    hf = AutoModelForCausalLM.from_pretrained(resolve_model("default"), dtype=torch.float32).eval()
+    model = resolve_model("default")
+    runner = ModelRunner(RunnerConfig(model=str(model), kv_slots=16384))
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     with tempfile.TemporaryDirectory() as logs:
         config = ephemeral_stack_config(Path(logs) / "b", threads_per_worker=args.threads)
         step_by_step = ephemeral_stack_config(Path(logs) / "b0", threads_per_worker=args.threads,

@@ -6,8 +6,8 @@ import argparse
 import asyncio
 import os
 
+from libs.models import DEFAULT_MODEL, served_name
 from libs.protocol.service import add_common_args, common_config, run_service, setup_logging
-from radixmesh.models import DEFAULT_MODEL, served_name
 
 from .auth import KeyFileError, load_keyring
 from .limits import Limits

@@ -11,10 +11,10 @@ import uuid
 import torch
 
 from libs.kernels import BackendNotAvailable
+from libs.models import ModelNotFoundError, resolve_model, served_name
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import ServiceContext, add_common_args, common_config, run_service, setup_logging
 from libs.protocol.subjects import check_token
-from radixmesh.models import ModelNotFoundError, served_name
 
 from .model_runner import DTYPES, ModelRunner, RunnerConfig
 from .service import WorkerService
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_token(args.worker_id)
         runner = ModelRunner(RunnerConfig(
-            model=args.model, dtype=args.dtype, kv_slots=args.kv_slots, max_requests=args.max_requests,
+            model=str(resolve_model(args.model)), dtype=args.dtype, kv_slots=args.kv_slots, max_requests=args.max_requests,
             attention_backend=args.attention_backend, device=args.device, max_model_len=args.max_model_len,
             host_kv_slots=args.host_kv_slots,
         ))

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from libs.models import resolve_model
 from libs.protocol.messages import ForwardBatch, NewRow
 
 from .model_runner import ModelRunner, RunnerConfig
@@ -47,7 +48,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     kv_slots = max(batches) * (args.context + args.steps + 3)
-    runner = ModelRunner(RunnerConfig(model=args.model, dtype=args.dtype, kv_slots=kv_slots, max_requests=max(batches)))
+    runner = ModelRunner(RunnerConfig(model=str(resolve_model(args.model)), dtype=args.dtype, kv_slots=kv_slots, max_requests=max(batches)))
     for b in batches:
         sec = bench_decode(runner, b, args.context, args.steps)
         print(f"batch {b:3d}: {sec * 1e3:7.1f} ms/step  {1 / sec:6.1f} steps/s  {b / sec:7.1f} tok/s")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -11,7 +12,6 @@ from libs.grammar.token_texts import token_texts
 from libs.kernels import AttentionMetadata, KVPool, default_backend, get_backend
 from libs.protocol.errors import invalid_request
 from libs.protocol.messages import ForwardBatch
-from radixmesh.models import resolve_model
 
 from .batch import Limits, LogprobPlan, StepArrays, parse_batch, parse_logprobs
 from .constraints import Constraints
@@ -24,7 +24,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    model: str = "default"  # "default" or a local HF directory
+    model: str  # a local HF directory, already resolved (libs.models.resolve_model at the entry point)
     dtype: str = "float32"
     kv_slots: int = 32768
     max_requests: int = 256
@@ -53,11 +53,11 @@ class ModelRunner:
     runs it in a thread) and not re-entrant.
     """
 
-    def __init__(self, config: RunnerConfig = RunnerConfig()) -> None:
+    def __init__(self, config: RunnerConfig) -> None:
         if config.dtype not in DTYPES:
             raise ValueError(f"dtype {config.dtype!r} not one of {', '.join(DTYPES)}")
         self.config = config
-        self.path = resolve_model(config.model)
+        self.path = Path(config.model)
         self.device = torch.device(config.device)
         self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device)
         mc = self.model.config

@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import os
 
+from libs.models import resolve_model, served_name
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
 )
-from radixmesh.models import resolve_model, served_name
 
 from .encoder import Encoder
 from .service import TokenizerService

@@ -1,7 +1,7 @@
 import pytest
 
+from libs.models import resolve_model
 from radixmesh.bench.tokens import ChatTokenizer
-from radixmesh.models import resolve_model
 
 
 @pytest.fixture(scope="session")

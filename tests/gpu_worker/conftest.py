@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from libs.models import resolve_model
 from services.gpu_worker import ModelRunner, RunnerConfig
 
 
 @pytest.fixture(scope="session")
 def runner() -> ModelRunner:
     torch.set_num_threads(1)
-    return ModelRunner(RunnerConfig(kv_slots=2048, max_requests=16))
+    return ModelRunner(RunnerConfig(
+        model=str(resolve_model()), kv_slots=2048, max_requests=16))
 
 
 @pytest.fixture(scope="session")

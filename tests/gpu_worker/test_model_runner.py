@@ -189,7 +189,7 @@ def test_new_row_starts_from_shared_prefix_slots(runner, hf_model, tokenizer):
 def test_bfloat16_runner_close_to_float32(runner, tokenizer):
     from services.gpu_worker import ModelRunner, RunnerConfig
 
-    bf16 = ModelRunner(RunnerConfig(kv_slots=256, max_requests=2, dtype="bfloat16"))
+    bf16 = ModelRunner(RunnerConfig(model=str(runner.path), kv_slots=256, max_requests=2, dtype="bfloat16"))
     assert bf16.kv.k[0].dtype == torch.bfloat16
     ids = tokenizer(PROMPTS[0])["input_ids"]
     batch = ForwardBatch(

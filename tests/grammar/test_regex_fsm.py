@@ -191,7 +191,7 @@ def test_regex_cache_lru_by_bytes():
 @pytest.fixture(scope="module")
 def smollm():
     transformers = pytest.importorskip("transformers")
-    from radixmesh.models import resolve_model
+    from libs.models import resolve_model
 
     path = resolve_model("default")
     tok = transformers.AutoTokenizer.from_pretrained(path)

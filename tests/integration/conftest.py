@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from libs.models import resolve_model
 from libs.protocol import Bus, Subjects
 from libs.protocol.messages import SchedStats, SchedStatsRequest, WorkersReply, WorkersRequest
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
-from radixmesh.models import resolve_model
 
 
 @pytest.fixture(scope="session")

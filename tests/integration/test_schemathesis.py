@@ -15,8 +15,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
+from libs.models import DEFAULT_MODEL
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
-from radixmesh.models import DEFAULT_MODEL
 from services.gateway.openapi import openapi_document
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

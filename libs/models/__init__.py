@@ -1,0 +1,12 @@
+"""The model files a service loads: a local HF directory, or the default model prepared once
+into the cache folder (``python -m libs.models [model]`` prepares it and prints the path)."""
+
+from .resolve import (
+    DEFAULT_MODEL, DEFAULT_MODEL_NAME, ModelNotFoundError, cache_dir, default_model_dir, resolve_model,
+    served_name,
+)
+
+__all__ = [
+    "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "ModelNotFoundError", "cache_dir", "default_model_dir",
+    "resolve_model", "served_name",
+]

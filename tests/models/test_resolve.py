@@ -1,0 +1,39 @@
+"""Model resolution: local HF directories, the default model's cache folder, served names, the CLI."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs.models import (
+    DEFAULT_MODEL, DEFAULT_MODEL_NAME, ModelNotFoundError, default_model_dir, resolve_model, served_name,
+)
+from libs.models.__main__ import main
+
+
+def test_local_directory(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_model(str(tmp_path / "." / "")) == tmp_path.resolve()
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        resolve_model(str(tmp_path / "missing"))
+
+
+def test_default_model_is_read_from_the_cache_once_prepared(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXMESH_CACHE", str(tmp_path))
+    target = default_model_dir()
+    assert target == tmp_path / "models" / DEFAULT_MODEL_NAME
+    target.mkdir(parents=True)
+    (target / ".radixmesh-complete").write_text("ok\n")
+    assert resolve_model(DEFAULT_MODEL, log=lambda msg: pytest.fail(f"converted again: {msg}")) == target
+
+
+def test_served_name(tmp_path):
+    assert served_name(DEFAULT_MODEL) == DEFAULT_MODEL_NAME
+    assert served_name(str(tmp_path / "Qwen2-0.5B" / "")) == "Qwen2-0.5B"
+
+
+def test_cli(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    main([str(tmp_path)])
+    assert capsys.readouterr().out == f"{tmp_path.resolve()}\n"
+    with pytest.raises(SystemExit, match="not an HF model directory"):
+        main([str(tmp_path / "missing")])
