@@ -32,7 +32,7 @@ class Summary:
     busy_mean: float  # mean fraction of the makespan a worker spent stepping
     ttft_pred_err_p50_s: float  # |router's predicted TTFT - simulated TTFT|, median
     resyncs: int
-    decode_stalls: int
+    retractions: int  # requests the real core retracted to make room for decodes
     wall_s: float
     route_ms_mean: float  # wall time of one Router.route call
 
@@ -61,7 +61,7 @@ def summarize(run: RunResult) -> Summary:
         prefill_tokens=sum(w.prefilled for w in run.workers),
         busy_mean=float(np.mean([w.busy_s for w in run.workers]) / makespan) if makespan else 0.0,
         ttft_pred_err_p50_s=float(np.median(err)) if len(reqs) else math.nan,
-        resyncs=run.resyncs, decode_stalls=sum(w.stalls for w in run.workers),
+        resyncs=run.resyncs, retractions=sum(w.retractions for w in run.workers),
         wall_s=run.wall_s, route_ms_mean=1e3 * run.route_s / len(reqs) if reqs else math.nan,
     )
 
@@ -89,7 +89,8 @@ def describe(trace: Trace, model: ServiceModel) -> str:
 
 
 COLUMNS = ("policy", "hit rate", "TTFT p50 (s)", "TTFT p90 (s)", "TTFT p99 (s)",
-           "mean e2e (s)", "req/s", "served max/min", "served CV", "prefill Mtok", "busy")
+           "mean e2e (s)", "req/s", "served max/min", "served CV", "prefill Mtok", "busy",
+           "retractions")
 TIMING = ("sim wall (s)", "route (ms)")
 
 
@@ -102,7 +103,7 @@ def markdown(rows: list[Summary], timings: bool = True) -> str:
         cells = [s.policy, f"{s.hit_rate:.1%}", f"{s.ttft_p50_s:.2f}", f"{s.ttft_p90_s:.2f}",
                  f"{s.ttft_p99_s:.2f}", f"{s.e2e_mean_s:.2f}", f"{s.throughput_rps:.1f}",
                  f"{s.served_max}/{s.served_min} ({spread})", f"{s.served_cv:.2f}",
-                 f"{s.prefill_tokens / 1e6:.2f}", f"{s.busy_mean:.0%}"]
+                 f"{s.prefill_tokens / 1e6:.2f}", f"{s.busy_mean:.0%}", str(s.retractions)]
         if timings:
             cells += [f"{s.wall_s:.1f}", f"{s.route_ms_mean:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -23,14 +23,14 @@ import numpy as np
 
 from libs.protocol import ServiceError, errors
 from libs.protocol.messages import (
-    ErrorInfo, ForwardBatch, ForwardResult, KVEventBatch, KVSnapshot, SchedStats, TokenDelta,
-    WorkerInfo,
+    ErrorInfo, ForwardBatch, ForwardResult, KVEventBatch, KVSnapshot, LoadReport, SchedStats,
+    TokenDelta, WorkerInfo,
 )
 
 from .allocator import RowAllocator
 from .cache import KVCache
 from .config import CoreConfig
-from .events import EventLog
+from .reports import EventLog, StepRates
 from .intake import check_request, end_ids
 from .logprobs import pop_logprobs, take_logprobs
 from .planner import Planner
@@ -194,6 +194,18 @@ class SchedulerCore:
 
     def queued_prefill_tokens(self) -> int:
         return self.planner.queued_prefill_tokens()
+
+    def load_report(self, rates: StepRates, scheduler_id: str, ts: float, alive: bool = True,
+                    session: str = "") -> LoadReport:
+        info = self.info
+        return LoadReport(
+            worker_id=info.worker_id, scheduler_id=scheduler_id, model=info.model,
+            running=len(self.running), waiting=len(self.waiting),
+            free_slots=self.cache.available, total_slots=info.kv_slots,
+            max_model_len=info.max_model_len, ts=ts,
+            queued_prefill_tokens=self.queued_prefill_tokens(), prefill_tps=rates.prefill_tps,
+            decode_step_s=rates.decode_step_s, alive=alive, session=session,
+        )
 
     def stats(self) -> SchedStats:
         size = self.cache.tree.size_info() if self.cache.tree else (0, 0)

@@ -20,6 +20,7 @@ from libs.protocol import Bus, ServiceError, Subjects
 from libs.protocol.messages import DetokBatch, ErrorInfo, ForwardResult
 
 from .core import SchedulerCore
+from .reports import StepRates
 from .request import Req
 from .tracing import StepTracer
 
@@ -52,8 +53,7 @@ class StepDriver:
         self._active_since: float | None = None
         self.active_s = 0.0
         self.busy_s = 0.0
-        self.prefill_tps = 0.0  # EMA over steps dominated by prefill
-        self.decode_step_s = 0.0  # EMA over decode-only steps
+        self.rates = StepRates()
 
     @property
     def idle_fraction(self) -> float:
@@ -102,7 +102,7 @@ class StepDriver:
             except ServiceError as exc:
                 await self._lost(oldest.number, exc)
             self._account(result.forward_ms / 1e3)
-            self._measure([item.tokens for item in oldest.items], result.forward_ms / 1e3)
+            self.rates.measure([item.tokens for item in oldest.items], result.forward_ms / 1e3)
             self.tracer.step_done(self.core.complete(result))
 
     async def _lost(self, number: int, exc: ServiceError) -> None:
@@ -151,15 +151,6 @@ class StepDriver:
                 step.cancel()
                 raise ServiceError("broker_unavailable",
                                    "the broker connection dropped while the step ran", 503)
-
-    def _measure(self, extend_lens: list[int], seconds: float) -> None:
-        prefill = sum(n for n in extend_lens if n > 1)
-        if prefill >= 64:
-            rate = prefill / max(seconds, 1e-6)
-            self.prefill_tps = rate if not self.prefill_tps else 0.8 * self.prefill_tps + 0.2 * rate
-        elif not prefill:
-            self.decode_step_s = (seconds if not self.decode_step_s
-                                  else 0.8 * self.decode_step_s + 0.2 * seconds)
 
     def _account(self, forward_s: float) -> None:
         """Wall time while steps were queued or running, and the worker's share of it."""

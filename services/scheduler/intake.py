@@ -8,11 +8,10 @@ import numpy as np
 
 from libs.grammar.regex_fsm import RegexError, parse_regex
 from libs.protocol import errors
+from libs.protocol.limits import MAX_TOP_LOGPROBS
 from libs.protocol.messages import WorkerInfo
 
 from .request import Req
-
-MAX_TOP_LOGPROBS = 20  # the worker's limit (services.gpu_worker.batch)
 
 
 def check_request(req: Req, info: WorkerInfo) -> None:

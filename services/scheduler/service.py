@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from libs.protocol import ServiceError
+from libs.protocol.limits import WORKER_LIVENESS_S
 from libs.protocol.messages import AdoptRequest, WorkerInfo
 from libs.protocol.service import ServiceContext
 
@@ -22,7 +23,7 @@ class SchedulerConfig:
     core: CoreConfig
     max_workers: int = 0  # 0: adopt every free worker
     lease_s: float = 5.0
-    liveness_s: float = 3.0
+    liveness_s: float = WORKER_LIVENESS_S
     forward_timeout: float = 300.0
 
 

@@ -166,17 +166,8 @@ class WorkerSession:
             await asyncio.sleep(LOAD_INTERVAL_S)
 
     def _load_report(self, alive: bool = True) -> LoadReport:
-        core = self.driver.core
-        return LoadReport(
-            worker_id=self.worker_id, scheduler_id=self.scheduler_id, model=self.info.model,
-            running=len(core.running), waiting=len(core.waiting),
-            free_slots=core.cache.available, total_slots=self.info.kv_slots,
-            max_model_len=self.info.max_model_len, ts=time.time(),
-            queued_prefill_tokens=core.queued_prefill_tokens(),
-            prefill_tps=self.driver.prefill_tps, decode_step_s=self.driver.decode_step_s,
-            alive=alive, session=self.session,
-        )
-
+        return self.driver.core.load_report(self.driver.rates, self.scheduler_id, time.time(),
+                                            alive=alive, session=self.session)
 
 def _split_resumed(msg: SubmitRequest, vocab_size: int) -> tuple[list[int], list[int]]:
     """(prompt, output so far) of a submission; a resumed one carries output."""

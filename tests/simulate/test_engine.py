@@ -44,12 +44,16 @@ def test_every_request_finishes_once_and_slots_balance(runs, policy):
         assert 0 <= r.cached <= r.prompt_len - 1
         assert r.arrival < r.first_token_at < r.finished_at <= run.makespan_s
     for w in run.workers:
-        size = w.tree.size_info()
-        assert size.protected == 0 and w.free + size.total == MODEL.kv_slots
-        assert not w.has_work() and w.stalls == 0
+        size = w.core.cache.tree.size_info()
+        assert size.protected == 0 and w.core.cache.free + size.total == MODEL.kv_slots
+        assert not w.core.has_work() and not w.core.inflight
     s = summarize(run)
     assert s.requests == len(trace) and 0 <= s.hit_rate < 1
-    assert s.prefill_tokens == sum(r.prompt_len - r.cached for r in run.requests)
+    assert s.retractions == sum(w.retractions for w in run.workers)
+    # NOTE: the real core admits optimistically: a retracted request computes again
+    # what was not cached when it resumes, so only then is more prefilled than missed
+    first_pass = sum(r.prompt_len - r.cached for r in run.requests)
+    assert s.prefill_tokens == first_pass if not s.retractions else s.prefill_tokens > first_pass
 
 
 def test_index_mirrors_every_worker_tree():
@@ -57,8 +61,8 @@ def test_index_mirrors_every_worker_tree():
     sim = Simulation(trace, MODEL, "cache_aware")
     sim.run()
     for w in sim.workers:
-        w.tree.check_integrity()
-        assert sim.index.index.views[w.worker_id].blocks == set(w.tree.all_hashes())
+        w.core.cache.tree.check_integrity()
+        assert sim.index.index.views[w.worker_id].blocks == set(w.core.cache.tree.all_hashes())
     assert sim.index.index.resyncs == len(sim.workers)  # one snapshot each, at the start
 
 

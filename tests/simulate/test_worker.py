@@ -29,9 +29,15 @@ def serve(worker: SimWorker, index: PrefixIndex | None = None, t: float = 0.0) -
 
 
 def assert_consistent(worker: SimWorker) -> None:
-    size = worker.tree.size_info()
-    assert size.protected == 0 and worker.free + size.total == worker.model.kv_slots
-    worker.tree.check_integrity()
+    cache = worker.core.cache
+    size = cache.tree.size_info()
+    assert size.protected == 0 and cache.free + size.total == worker.model.kv_slots
+    assert not worker.core.has_work() and not worker.core.inflight
+    cache.tree.check_integrity()
+
+
+def cached_len(worker: SimWorker, tokens) -> int:
+    return worker.core.cache.tree.peek("", list(tokens)).length
 
 
 def test_chunked_prefill_then_decode_timing():
@@ -43,7 +49,7 @@ def test_chunked_prefill_then_decode_timing():
     assert r.first_token_at == pytest.approx(0.05 + 0.064 + 0.05 + 0.036)
     assert r.finished_at == end == pytest.approx(r.first_token_at + 2 * 0.06)
     assert r.cached == 0 and w.served == 1 and w.prefilled == 100
-    assert w.tree.peek("", r.fill())[0] == 96  # prompt + 2 outputs, page aligned
+    assert cached_len(w, np.concatenate((r.tokens, r.outputs[:2]))) == 96  # prompt + 2 outputs, page aligned
     assert_consistent(w)
 
 
@@ -67,7 +73,8 @@ def test_request_waits_for_the_prefix_being_prefilled():
     w.submit(a)
     w.submit(b)
     w.plan_step()
-    assert [r.rid for r in w.prefilling] == ["r0"] and list(w.waiting) == [b]  # deferred
+    assert [r.rid for r in w.core.running] == ["r0"]  # b waits for a's prefix: deferred
+    assert [r.rid for r in w.core.waiting] == ["r1"]
     w.complete_step(0.1, 0.1)
     serve(w, t=0.1)
     assert b.cached == 64  # a's first chunk, cached after step 1
@@ -85,15 +92,15 @@ def test_kv_capacity_limits_admission_and_lru_evicts():
     running = []
     t = 0.0
     while (seconds := w.plan_step()) is not None:
-        running.append(w.running)
+        running.append(len(w.core.running))
         t += seconds
         w.complete_step(t, seconds)
         if (batch := w.take_events()) is not None:
             assert index.on_events(batch)
     assert max(running) == 1  # 2 x (150 + 2) > 256 slots: one at a time
     assert all(r.finished_at > 0 for r in reqs)
-    assert w.tree.peek("", reqs[0].fill())[0] == 0  # the oldest was evicted
-    assert index.views["w"].blocks == set(w.tree.all_hashes())
+    assert cached_len(w, reqs[0].tokens) == 0  # the oldest was evicted
+    assert index.views["w"].blocks == set(w.core.cache.tree.all_hashes())
     assert_consistent(w)
 
 

@@ -1,4 +1,5 @@
-"""KV events of one worker's cache, numbered per epoch, and snapshots of it."""
+"""What a worker's scheduler publishes besides tokens: KV events numbered per
+epoch, snapshots of the cache, measured step rates and load reports."""
 
 from __future__ import annotations
 
@@ -41,3 +42,21 @@ class EventLog:
         return KVSnapshot(worker_id=self.worker_id, epoch=self.epoch,
                           seq=self.seq + len(self._events), page_size=self.page_size,
                           block_hashes=tree.all_hashes() if tree else [])
+
+
+class StepRates:
+    """Measured prefill tokens/s and decode step time (EMAs), from step results."""
+
+    def __init__(self) -> None:
+        self.prefill_tps = 0.0  # over steps dominated by prefill
+        self.decode_step_s = 0.0  # over decode-only steps
+
+    def measure(self, extend_lens: list[int], seconds: float) -> None:
+        prefill = sum(n for n in extend_lens if n > 1)
+        if prefill >= 64:
+            rate = prefill / max(seconds, 1e-6)
+            self.prefill_tps = rate if not self.prefill_tps else 0.8 * self.prefill_tps + 0.2 * rate
+        elif not prefill:
+            self.decode_step_s = (seconds if not self.decode_step_s
+                                  else 0.8 * self.decode_step_s + 0.2 * seconds)
+
