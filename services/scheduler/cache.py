@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from .allocator import OutOfSlots, SlotAllocator
-from .radix_cache import EventSink, LowerTier, MatchResult, RadixCache, TreeNode
+from .radix_cache import RadixCache
+from .tree_node import EventSink, LowerTier, MatchResult, TreeNode
 from .request import KVHold, Req
 
 NO_MATCH = MatchResult(None, np.empty(0, np.int64), 0, 0)

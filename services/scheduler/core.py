@@ -34,7 +34,7 @@ from .reports import EventLog, StepRates
 from .intake import check_request, end_ids
 from .logprobs import pop_logprobs, take_logprobs
 from .planner import Planner
-from .radix_cache import LowerTier
+from .tree_node import LowerTier
 from .request import Req
 from .step import Step
 
