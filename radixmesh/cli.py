@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--workers", type=int, default=1, help="number of gpu_worker processes")
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000)
-    up.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    up.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="auto: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32")
     up.add_argument("--kv-slots", type=int, default=32768, help="KV cache tokens per worker")
     up.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     up.add_argument("--log-dir", default="logs")

@@ -43,7 +43,7 @@ class StackConfig:
     nats_url: str | None = None
     subject_prefix: str = "rm"
     log_dir: Path = Path("logs")
-    dtype: str = "float32"
+    dtype: str = "auto"  # the worker picks: bfloat16 on CUDA and AMX / AVX512-BF16 CPUs, else float32
     kv_slots: int = 32768
     threads_per_worker: int = 0  # 0: cores / workers
     extra: dict[str, list[str]] = field(default_factory=dict)  # service -> extra flags

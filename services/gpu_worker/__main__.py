@@ -16,7 +16,8 @@ from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import ServiceContext, add_common_args, common_config, run_service, setup_logging
 from libs.protocol.subjects import check_token
 
-from .model_runner import DTYPES, ModelRunner, RunnerConfig
+from .model_runner import ModelRunner, RunnerConfig
+from .precision import DTYPE_CHOICES
 from .service import WorkerService
 
 SERVICE = "gpu_worker"
@@ -26,7 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m services.gpu_worker", description=__doc__)
     p.add_argument("--model", default=env("RADIXMESH_MODEL", "default"), help='"default" or a local HF directory')
-    p.add_argument("--dtype", default=env("RADIXMESH_DTYPE", "float32"), choices=sorted(DTYPES))
+    p.add_argument("--dtype", default=env("RADIXMESH_DTYPE", "auto"), choices=DTYPE_CHOICES,
+                   help="auto: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32")
     p.add_argument("--kv-slots", type=int, default=int(env("RADIXMESH_KV_SLOTS", "32768")))
     p.add_argument("--max-requests", type=int, default=int(env("RADIXMESH_MAX_REQUESTS", "256")))
     p.add_argument("--max-model-len", type=int, default=None, help="default: max_position_embeddings")
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     except (BackendNotAvailable, ModelNotFoundError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{SERVICE}: {exc}") from None
     logging.getLogger(SERVICE).info(
-        "loaded %s (%s, %d KV slots, %.0f MiB KV)", runner.path, args.dtype, args.kv_slots, runner.kv.nbytes() / 2**20
+        "loaded %s (%s [%s], %s attention, %d KV slots, %.0f MiB KV)", runner.path, runner.config.dtype,
+        runner.dtype_choice.reason, runner.attn.name, args.kv_slots, runner.kv.nbytes() / 2**20,
     )
 
     async def body(ctx: ServiceContext) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +17,14 @@ from .batch import Limits, LogprobPlan, StepArrays, parse_batch, parse_logprobs
 from .constraints import Constraints
 from .kv_copy import KVCopier
 from .model import LlamaModel
+from .precision import DTYPES, resolve_dtype
 from .sampler import Sampler, token_logprobs
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class RunnerConfig:
     model: str  # a local HF directory, already resolved (libs.models.resolve_model at the entry point)
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA and on CPUs with AMX / AVX512-BF16, else float32
     kv_slots: int = 32768
     max_requests: int = 256
     attention_backend: str = "auto"  # auto: torch on CPU; flashinfer, else triton, on CUDA
@@ -54,11 +53,11 @@ class ModelRunner:
     """
 
     def __init__(self, config: RunnerConfig) -> None:
-        if config.dtype not in DTYPES:
-            raise ValueError(f"dtype {config.dtype!r} not one of {', '.join(DTYPES)}")
-        self.config = config
-        self.path = Path(config.model)
         self.device = torch.device(config.device)
+        # NOTE: the config keeps the dtype actually used (announced in WorkerInfo)
+        self.dtype_choice = resolve_dtype(config.dtype, self.device)
+        self.config = config = replace(config, dtype=self.dtype_choice.name)
+        self.path = Path(config.model)
         self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device)
         mc = self.model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)

@@ -13,7 +13,7 @@ from services.gpu_worker import ModelRunner, RunnerConfig
 def runner() -> ModelRunner:
     torch.set_num_threads(1)
     return ModelRunner(RunnerConfig(
-        model=str(resolve_model()), kv_slots=2048, max_requests=16))
+        model=str(resolve_model()), kv_slots=2048, max_requests=16, dtype="float32"))  # NOTE: HF parity is fp32
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ def _edit_config(path, fn):
 
 
 def _compare(path, hf):
-    runner = ModelRunner(RunnerConfig(model=str(path), kv_slots=256, max_requests=4))
+    runner = ModelRunner(RunnerConfig(model=str(path), kv_slots=256, max_requests=4, dtype="float32"))
     prompts = [[5, 17, 250, 3, 9, 44, 101], [7], [299, 0, 12, 12, 80]]
     batch = ForwardBatch(
         step=0, new_rows=[NewRow(row=r, temperature=0.0, top_p=1.0, top_k=-1, seed=0) for r in range(3)],

@@ -13,7 +13,8 @@ from radixmesh.launcher import LocalStack, ephemeral_stack_config
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
-    config = ephemeral_stack_config(tmp_path_factory.mktemp("stack-logs"), workers=1)
+    config = ephemeral_stack_config(tmp_path_factory.mktemp("stack-logs"), workers=1,
+                                    dtype="float32")  # NOTE: HF parity is fp32
     with LocalStack(config, progress=lambda msg: None) as running:
         yield running
 

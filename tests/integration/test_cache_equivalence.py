@@ -38,7 +38,7 @@ def branching_prompts(n: int, seed: int) -> list[str]:
 
 
 async def run(tmp_path, name: str, scheduler_flags: list[str], prompts: list[str]):
-    config = ephemeral_stack_config(tmp_path / name, kv_slots=2048,
+    config = ephemeral_stack_config(tmp_path / name, kv_slots=2048, dtype="float32",
                                     extra={"scheduler": ["--chunked-prefill-size", "64",
                                                          *scheduler_flags]})
     stack = LocalStack(config, progress=lambda m: None).start()

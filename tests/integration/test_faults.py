@@ -93,7 +93,7 @@ async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int,
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("faults")
-    config = ephemeral_stack_config(log_dir, workers=2, kv_slots=4096, threads_per_worker=1,
+    config = ephemeral_stack_config(log_dir, workers=2, kv_slots=4096, threads_per_worker=1, dtype="float32",
                                     supervise=("scheduler",))
     stack = LocalStack(config, progress=lambda m: None).start()
     try:

@@ -21,7 +21,8 @@ def test_greedy_tokens_match_hf():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     runner = ModelRunner(RunnerConfig(model=str(resolve_model()), attention_backend="triton", kv_slots=256,
-                                    max_requests=4, device=DEVICE))
+                                    max_requests=4, device=DEVICE,
+                                    dtype="float32"))
     tok = AutoTokenizer.from_pretrained(runner.path)
     prompts = [tok(p)["input_ids"] for p in ("The capital of France is", "def add(a, b):")]
     slots = iter(torch.randperm(256).tolist())

@@ -1,0 +1,39 @@
+"""``--dtype auto``: bf16 where the hardware computes it natively, fp32 elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.gpu_worker.precision import cpu_flags, resolve_dtype
+
+SAPPHIRE_RAPIDS = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+ZEN3 = frozenset({"avx2", "fma", "sse4_2"})
+
+
+def test_auto_on_the_cpu_follows_the_bf16_flags():
+    assert resolve_dtype("auto", "cpu", SAPPHIRE_RAPIDS).name == "bfloat16"
+    assert "amx_bf16" in resolve_dtype("auto", "cpu", SAPPHIRE_RAPIDS).reason
+    assert resolve_dtype("auto", "cpu", frozenset({"avx512f", "avx512_bf16"})).name == "bfloat16"
+    assert resolve_dtype("auto", "cpu", ZEN3).name == "float32"
+    assert resolve_dtype("auto", "cpu", frozenset()).name == "float32"
+
+
+def test_auto_on_cuda_is_bf16_and_explicit_names_win():
+    assert resolve_dtype("auto", "cuda", ZEN3).name == "bfloat16"
+    assert resolve_dtype("float32", "cpu", SAPPHIRE_RAPIDS) == ("float32", "asked for")
+    assert resolve_dtype("bfloat16", "cpu", ZEN3).name == "bfloat16"
+    with pytest.raises(ValueError, match="float16"):
+        resolve_dtype("float16", "cpu")
+
+
+def test_cpu_flags_reads_the_first_processor(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512_bf16 amx_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(info) == {"fpu", "avx512_bf16", "amx_bf16"}
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_the_runner_keeps_the_resolved_dtype(runner):
+    assert runner.config.dtype == "float32" and runner.dtype_choice.reason == "asked for"
+    auto = resolve_dtype("auto", "cpu")
+    assert auto.name == ("bfloat16" if {"amx_bf16", "avx512_bf16"} & cpu_flags() else "float32")
