@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from libs.protocol.limits import WORKER_LIVENESS_S
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     add_common_args(p, "cache_index")
     add_metrics_args(p)
     p.add_argument("--policy", choices=sorted(POLICIES), default="cache_aware")
-    p.add_argument("--liveness-s", type=float, default=3.0,
+    p.add_argument("--liveness-s", type=float, default=WORKER_LIVENESS_S,
                    help="a worker without a load report for this long leaves the routing set")
     args = p.parse_args(argv)
     setup_logging("cache_index", args.log_level)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from libs.protocol.limits import WORKER_LIVENESS_S
 from libs.protocol.messages import LoadReport, WorkerSummary
 
 
@@ -49,7 +50,7 @@ class WorkerState:
 class Registry:
     """Workers seen within ``liveness_s``; a booking counts until released or expired."""
 
-    def __init__(self, liveness_s: float = 3.0, booking_ttl_s: float = 2.0,
+    def __init__(self, liveness_s: float = WORKER_LIVENESS_S, booking_ttl_s: float = 2.0,
                  clock=time.monotonic) -> None:
         self.liveness_s = liveness_s
         self.booking_ttl_s = booking_ttl_s

@@ -8,6 +8,7 @@ import logging
 import time
 
 from libs.protocol import Bus, Subjects
+from libs.protocol.limits import WORKER_LIVENESS_S
 from libs.protocol.messages import LoadReport
 
 log = logging.getLogger("radixmesh.gateway.fallback")
@@ -16,7 +17,7 @@ log = logging.getLogger("radixmesh.gateway.fallback")
 class LoadView:
     """Latest LoadReport per worker (the same reports the cache index reads)."""
 
-    def __init__(self, liveness_s: float = 3.0, clock=time.monotonic,
+    def __init__(self, liveness_s: float = WORKER_LIVENESS_S, clock=time.monotonic,
                  stale_s: float = 5.0) -> None:
         self.liveness_s = liveness_s
         self.stale_s = stale_s

@@ -11,12 +11,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from libs.protocol.limits import MAX_TOP_LOGPROBS
+
 MAX_STOP = 16
 
 INT32_MAX = (1 << 31) - 1  # NOTE: every int reaches the bus: bounded so it always encodes
 PositiveInt = Annotated[int, Meta(ge=1, le=INT32_MAX)]
 TokenBudget = Annotated[int, Meta(ge=0, le=INT32_MAX)]  # 0: prefill only (the prompt gets cached)
-TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 TokenId = Annotated[int, Meta(ge=0, le=INT32_MAX)]
 TopK = Annotated[int, Meta(ge=-1, le=INT32_MAX)]
 Seed = Annotated[int, Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # int64

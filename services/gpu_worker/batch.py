@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from libs.protocol.errors import invalid_request
+from libs.protocol.limits import MAX_TOP_LOGPROBS
 from libs.protocol.messages import ForwardBatch, NewRow
 
 
@@ -59,9 +60,6 @@ class LogprobPlan:
 
     def __len__(self) -> int:
         return len(self.index)
-
-
-MAX_TOP_LOGPROBS = 20
 
 
 def parse_logprobs(batch: ForwardBatch, step: StepArrays, vocab_size: int) -> LogprobPlan | None:
