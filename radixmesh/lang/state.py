@@ -17,17 +17,23 @@ import asyncio
 import contextlib
 import copy
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Coroutine, Iterator, Protocol
 
-from .client import Call, LangError, Usage, pick
+from .client import Call, Client, LangError, Usage, pick
 from .ir import ROLES, Gen, Role, Select, as_parts
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
+
+class Executor(Protocol):
+    """What a state needs of its runtime (:class:`.runtime.Runtime`): the gateway client,
+    and a loop that runs its requests (``submit`` returns a thread-safe future)."""
+
+    client: Client
+
+    def submit(self, coro: Coroutine) -> Future: ...
 
 
 class ProgramState:
-    def __init__(self, runtime: "Runtime", concurrent: bool = True) -> None:
+    def __init__(self, runtime: Executor, concurrent: bool = True) -> None:
         self._rt = runtime
         self._concurrent = concurrent
         self._chat: bool | None = None  # None: nothing appended yet

@@ -21,7 +21,6 @@ import logging
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, StatusCode
@@ -32,6 +31,7 @@ from libs.protocol.messages import (
     AbortRequest, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch, ReleaseRequest, TextDelta,
 )
 
+from .config import PipelineConfig
 from .fallback import LoadView
 from .generation import Completion, Generation
 from .metrics import RequestMetrics
@@ -43,19 +43,6 @@ __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "Pipelin
 
 log = logging.getLogger("radixmesh.gateway.pipeline")
 _tracer = trace.get_tracer("radixmesh.gateway")
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    request_timeout: float = 600.0  # longest silence between two deltas
-    bus_timeout: float = 10.0  # encode / route replies
-    # a submit is an in-memory enqueue: a scheduler silent this long died holding it
-    submit_timeout: float = 2.0
-    submit_attempts: int = 3  # an unanswered submit launches again under a fresh bus rid
-    route_attempts: int = 3  # submit refused with 503 -> route again, excluding that worker
-    route_timeout: float = 2.0  # past this the gateway routes by its own load view
-    watch_interval: float = 0.25  # how often open requests are checked for a lost scheduler
-    resume_wait: float = 5.0  # a lost scheduler's requests wait this long for its successor
 
 
 class Pipeline:

@@ -5,7 +5,7 @@ moving past workers whose scheduler refuses it with 503."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import msgspec
 
@@ -14,12 +14,10 @@ from libs.protocol.messages import (
     AbortRequest, EncodeReply, ReleaseRequest, RouteReply, RouteRequest, SubmitReply, SubmitRequest,
 )
 
+from .config import PipelineConfig
 from .fallback import LoadView
 from .metrics import RequestMetrics
 from .request import GenerationRequest, Resume
-
-if TYPE_CHECKING:
-    from .pipeline import PipelineConfig
 
 log = logging.getLogger("radixmesh.gateway.pipeline")
 

@@ -1,0 +1,18 @@
+"""How the gateway's request path waits and retries (the pipeline and its placement read it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    request_timeout: float = 600.0  # longest silence between two deltas
+    bus_timeout: float = 10.0  # encode / route replies
+    # a submit is an in-memory enqueue: a scheduler silent this long died holding it
+    submit_timeout: float = 2.0
+    submit_attempts: int = 3  # an unanswered submit launches again under a fresh bus rid
+    route_attempts: int = 3  # submit refused with 503 -> route again, excluding that worker
+    route_timeout: float = 2.0  # past this the gateway routes by its own load view
+    watch_interval: float = 0.25  # how often open requests are checked for a lost scheduler
+    resume_wait: float = 5.0  # a lost scheduler's requests wait this long for its successor
