@@ -34,14 +34,19 @@ class HostKVPool:
         rows = gather_tokens(pool, src.to(pool.device))
         if rows.device.type != "cpu":
             rows = self._staging(len(rows)).copy_(rows)
-        self.data.index_copy_(0, dst, rows)
+        self._rows().index_copy_(0, dst, rows.view(len(rows), -1))
 
     def load(self, pool: KVPool, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
         """Host -> device: copy ``host_slots`` into the device pool at ``device_slots``."""
         self.layout.require(KVLayout.of_pool(pool))
         src, dst = self._pair(pool, host_slots, device_slots, host_first=True)
-        rows = torch.index_select(self.data, 0, src, out=self._staging(len(src)))
+        rows = self._staging(len(src))
+        torch.index_select(self._rows(), 0, src, out=rows.view(len(src), -1))
         scatter_tokens(pool, dst.to(pool.device), rows.to(pool.device, non_blocking=True))
+
+    def _rows(self) -> torch.Tensor:
+        """``data`` as [num_slots, token elements]: 2-D, so index ops take torch's row-copy path."""
+        return self.data.view(self.num_slots, -1)
 
     def _staging(self, num_tokens: int) -> torch.Tensor:
         """Room for ``num_tokens`` tokens, pinned like the pool (from torch's caching host

@@ -7,6 +7,8 @@ and ``take`` one that an export produced.
 
 from __future__ import annotations
 
+import threading
+
 from .buffer import KVBuffer
 from .errors import SizeMismatch, TransferError
 
@@ -14,13 +16,19 @@ DEFAULT_MAX_BYTES = 4 << 30
 
 
 class StagingBuffers:
-    """Buffers by id, at most ``max_bytes`` in all. Not thread-safe: the worker's step
-    thread owns it (data paths hand buffers over between steps)."""
+    """Buffers by id, at most ``max_bytes`` in all. Thread-safe: data paths put and take
+    on the event loop while steps run in the worker's step thread.
+
+    NOTE: a step checks its copies against a :meth:`snapshot`; only its own imports
+    take buffers out, so a buffer it found is still there when its copies run. Data
+    paths should name buffers so they cannot collide with the exports of a step
+    (e.g. a prefix per path)."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self._buffers: dict[str, KVBuffer] = {}
         self._bytes = 0
+        self._lock = threading.Lock()
 
     def __contains__(self, buffer_id: str) -> bool:
         return buffer_id in self._buffers
@@ -38,19 +46,27 @@ class StagingBuffers:
 
     def put(self, buffer_id: str, buffer: KVBuffer) -> None:
         """Store ``buffer`` under a new id; refuses an id in use or a buffer over the budget."""
-        if buffer_id in self._buffers:
-            raise TransferError(f"transfer buffer {buffer_id!r} already exists")
-        if self._bytes + buffer.nbytes > self.max_bytes:
-            raise SizeMismatch(f"transfer buffer {buffer_id!r} of {buffer.nbytes} bytes exceeds the "
-                               f"staging budget ({self._bytes} of {self.max_bytes} bytes in use)")
-        self._buffers[buffer_id] = buffer
-        self._bytes += buffer.nbytes
+        with self._lock:
+            if buffer_id in self._buffers:
+                raise TransferError(f"transfer buffer {buffer_id!r} already exists")
+            if self._bytes + buffer.nbytes > self.max_bytes:
+                raise SizeMismatch(f"transfer buffer {buffer_id!r} of {buffer.nbytes} bytes exceeds the "
+                                   f"staging budget ({self._bytes} of {self.max_bytes} bytes in use)")
+            self._buffers[buffer_id] = buffer
+            self._bytes += buffer.nbytes
 
     def take(self, buffer_id: str) -> KVBuffer:
         """Remove and return the buffer; KeyError when absent."""
-        buffer = self._buffers.pop(buffer_id)
-        self._bytes -= buffer.nbytes
+        with self._lock:
+            buffer = self._buffers.pop(buffer_id)
+            self._bytes -= buffer.nbytes
         return buffer
 
     def ids(self) -> list[str]:
-        return list(self._buffers)
+        with self._lock:
+            return list(self._buffers)
+
+    def snapshot(self) -> tuple[dict[str, KVBuffer], int]:
+        """The buffers by id and their bytes in all, at one instant."""
+        with self._lock:
+            return dict(self._buffers), self._bytes

@@ -94,18 +94,17 @@ class _Books:
     """Which buffers exist after each copy of a batch (tokens by id), and their bytes."""
 
     def __init__(self, staging: StagingBuffers, token_bytes: int) -> None:
-        self.staging = staging
+        self.max_bytes = staging.max_bytes
         self.token_bytes = token_bytes
-        self.tokens = {i: staging.get(i).num_tokens for i in staging.ids()}
-        self.nbytes = staging.nbytes
+        self.staged, self.nbytes = staging.snapshot()  # those that arrived before this batch
+        self.tokens = {i: b.num_tokens for i, b in self.staged.items()}
         self.fresh: set[str] = set()  # exported by this batch
 
     def export(self, buffer_id: str, num_tokens: int, where: str) -> None:
         _check(buffer_id not in self.tokens, f"{where}: transfer buffer {buffer_id!r} already exists")
         size = num_tokens * self.token_bytes
-        _check(self.nbytes + size <= self.staging.max_bytes,
-               f"{where}: {size} bytes exceed the staging budget "
-               f"({self.nbytes} of {self.staging.max_bytes} bytes in use)")
+        _check(self.nbytes + size <= self.max_bytes,
+               f"{where}: {size} bytes exceed the staging budget ({self.nbytes} of {self.max_bytes} bytes in use)")
         self.tokens[buffer_id] = num_tokens
         self.fresh.add(buffer_id)
         self.nbytes += size
@@ -119,7 +118,7 @@ class _Books:
                                        f"{num_tokens} slots given")
             self.nbytes -= held * self.token_bytes
             return
-        buffer = self.staging.get(buffer_id)  # it arrived before this batch: check it whole now
+        buffer = self.staged[buffer_id]  # it arrived before this batch: check it whole now
         try:
             buffer.verify(layout, num_tokens)
         except TransferError as exc:

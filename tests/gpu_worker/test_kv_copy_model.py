@@ -55,7 +55,9 @@ class _Run:
 @pytest.fixture(scope="module")
 def run() -> _Run:
     torch.set_num_threads(1)
-    return _Run(ModelRunner(RunnerConfig(model=str(resolve_model()), kv_slots=2048, max_requests=8, dtype="float32", host_kv_slots=512)))
+    config = RunnerConfig(model=str(resolve_model()), kv_slots=2048, max_requests=8, dtype="float32",
+                          host_kv_slots=512)
+    return _Run(ModelRunner(config))
 
 
 @pytest.fixture(scope="module")

@@ -21,3 +21,12 @@ def test_put_take_and_the_byte_budget(pool):
     with pytest.raises(KeyError):
         staging.take("a")
     assert staging.ids() == ["b"]
+
+
+def test_snapshot_is_one_consistent_view(pool):
+    staging = StagingBuffers()
+    buf = export_slots(pool, torch.tensor([0]))
+    staging.put("a", buf)
+    found, nbytes = staging.snapshot()
+    staging.put("b", buf)  # later changes do not reach a snapshot taken before
+    assert found == {"a": buf} and nbytes == buf.nbytes
