@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from libs.kernels import KVPool
@@ -18,6 +20,7 @@ class HostKVPool:
     def __init__(self, layout: KVLayout, num_slots: int, pin: bool = False) -> None:
         self.layout = layout
         self.num_slots = num_slots
+        self.width = math.prod(layout.token_shape)  # elements of one token
         self.data = torch.zeros((num_slots, *layout.token_shape), dtype=layout.torch_dtype, pin_memory=pin)
 
     @classmethod
@@ -34,19 +37,19 @@ class HostKVPool:
         rows = gather_tokens(pool, src.to(pool.device))
         if rows.device.type != "cpu":
             rows = self._staging(len(rows)).copy_(rows)
-        self._rows().index_copy_(0, dst, rows.view(len(rows), -1))
+        self._rows().index_copy_(0, dst, rows.view(len(rows), self.width))
 
     def load(self, pool: KVPool, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
         """Host -> device: copy ``host_slots`` into the device pool at ``device_slots``."""
         self.layout.require(KVLayout.of_pool(pool))
         src, dst = self._pair(pool, host_slots, device_slots, host_first=True)
         rows = self._staging(len(src))
-        torch.index_select(self._rows(), 0, src, out=rows.view(len(src), -1))
+        torch.index_select(self._rows(), 0, src, out=rows.view(len(src), self.width))
         scatter_tokens(pool, dst.to(pool.device), rows.to(pool.device, non_blocking=True))
 
     def _rows(self) -> torch.Tensor:
         """``data`` as [num_slots, token elements]: 2-D, so index ops take torch's row-copy path."""
-        return self.data.view(self.num_slots, -1)
+        return self.data.view(self.num_slots, self.width)
 
     def _staging(self, num_tokens: int) -> torch.Tensor:
         """Room for ``num_tokens`` tokens, pinned like the pool (from torch's caching host

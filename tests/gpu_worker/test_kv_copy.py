@@ -48,6 +48,14 @@ def test_copies_run_in_order_within_one_batch():
     assert torch.equal(c.host.data[6], c.host.data[5])
 
 
+def test_copies_of_no_slots_are_valid_and_change_nothing():
+    c = KVCopier(_pool(), host_slots=8)
+    before = _state(c)
+    c.run([KVCopy(kind="d2h"), KVCopy(kind="h2d"), KVCopy(kind="export", buffer="e"),
+           KVCopy(kind="import", buffer="e")])
+    assert _same(before, _state(c)) and len(c.staging) == 0
+
+
 def test_a_buffer_put_by_a_data_path_is_imported_and_released():
     source, c = _pool(seed=1), KVCopier(_pool())
     c.staging.put("remote-1", KVBuffer.from_bytes(export_slots(source, torch.tensor([7, 8])).to_bytes()))
