@@ -56,7 +56,9 @@ def operations(pool: KVPool, host: HostKVPool, src: torch.Tensor, dst: torch.Ten
     """What is timed, by name; each moves the prefix's bytes once."""
     buf = export_slots(pool, src)
     wire = buf.to_bytes()
+    rows = gather_tokens(pool, src)
     return {
+        "ceiling: one contiguous copy (clone)": rows.clone,
         "gather (device, token-major)": lambda: gather_tokens(pool, src),
         "export (gather + to host + crc32)": lambda: export_slots(pool, src),
         "to_bytes (header + payload copy)": buf.to_bytes,
