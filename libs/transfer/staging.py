@@ -19,9 +19,10 @@ class StagingBuffers:
     """Buffers by id, at most ``max_bytes`` in all. Thread-safe: data paths put and take
     on the event loop while steps run in the worker's step thread.
 
-    NOTE: a step checks its copies against a :meth:`snapshot`; only its own imports
-    take buffers out, so a buffer it found is still there when its copies run. Data
-    paths should name buffers so they cannot collide with the exports of a step
+    NOTE: a step checks its copies against a :meth:`snapshot` and runs them later, so
+    each buffer has one consumer: one that a data path put (an arrival) is taken only
+    by a step's import; one that a step exported is taken only by a data path (to send
+    it). Data paths name their arrivals so they cannot collide with a step's exports
     (e.g. a prefix per path)."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
