@@ -51,13 +51,18 @@ class ServerTls:
 
 
 class NatsServer:
-    """A nats-server child process on a free loopback port."""
+    """A nats-server child process, by default on a free loopback port. Its log file
+    is emptied at the first start and appended to by later ones (a restart); its
+    config file (``$TMPDIR/radixmesh-nats-<port>.conf``) exists while it runs."""
 
     def __init__(self, port: int | None = None, log_file: str | os.PathLike | None = None,
                  max_payload: int = 8 * 1024 * 1024, user: str | None = None,
-                 password: str | None = None, tls: ServerTls | None = None) -> None:
+                 password: str | None = None, tls: ServerTls | None = None,
+                 host: str = "127.0.0.1") -> None:
         self.port = port or free_port()
-        self.log_file = log_file
+        self.host = host
+        self.log_file = Path(log_file) if log_file else None
+        self._started = False
         self.max_payload = max_payload
         self.user = user
         self.password = password
@@ -79,7 +84,12 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"nats://{host}:{self.port}"
+
+    @property
+    def config_file(self) -> Path:
+        return Path(os.environ.get("TMPDIR", "/tmp")) / f"radixmesh-nats-{self.port}.conf"
 
     def client_credentials(self):
         """What a client needs here (the server's cert doubles as the CA: self-signed)."""
@@ -89,15 +99,27 @@ class NatsServer:
         return NatsCredentials(user=self.user, password=self.password, tls_ca=ca)
 
     def start(self) -> "NatsServer":
-        config = Path(os.environ.get("TMPDIR", "/tmp")) / f"radixmesh-nats-{self.port}.conf"
+        config = self.config_file
+        config.touch(mode=0o600)  # NOTE: before the text: it may hold a password
+        config.chmod(0o600)
         config.write_text(self.config_text())
-        config.chmod(0o600)  # it may hold a password
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-c", str(config)],
-            stdout=out, stderr=subprocess.STDOUT,
-        )
-        wait_for_port(self.port)
+        out = open(self.log_file, "ab" if self._started else "wb") if self.log_file else subprocess.DEVNULL
+        try:
+            # NOTE: its own process group: a terminal's Ctrl-C does not stop the broker
+            # before the services that use it
+            self.proc = subprocess.Popen(
+                [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-c", str(config)],
+                stdout=out, stderr=subprocess.STDOUT, process_group=0,
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        self._started = True
+        try:
+            wait_for_port(self.port, host="127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host)
+        except TimeoutError:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
@@ -107,7 +129,9 @@ class NatsServer:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
         self.proc = None
+        self.config_file.unlink(missing_ok=True)
 
     def __enter__(self) -> "NatsServer":
         return self.start()

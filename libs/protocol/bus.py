@@ -44,6 +44,7 @@ class Bus:
         self._tasks: set[asyncio.Task] = set()
 
     MAX_CONCURRENT = 1024  # handlers in flight per concurrent subscription
+    DRAIN_TIMEOUT_S = 3.0  # close() gives up draining (a broker gone mid-drain) after this
 
     @classmethod
     async def connect(cls, url: str, name: str, connect_timeout: float = 5.0,
@@ -84,13 +85,21 @@ class Bus:
         return cls(nc, name)
 
     async def close(self) -> None:
+        """Drain and close; never raises (the broker may be gone or reconnecting)."""
         for task in list(self._tasks):
             task.cancel()
-        if not self.nc.is_closed:
-            try:
-                await self.nc.drain()
-            except Exception:  # noqa: BLE001 - closing is best effort
+        if self.nc.is_closed:
+            return
+        try:
+            if self.nc.is_connected:  # NOTE: drain raises while (re)connecting
+                await asyncio.wait_for(self.nc.drain(), self.DRAIN_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - closing is best effort
+            log.debug("drain (%s) failed: %r", self.name, exc)
+        try:
+            if not self.nc.is_closed:
                 await self.nc.close()
+        except Exception as exc:  # noqa: BLE001 - e.g. a reset socket while flushing
+            log.debug("close (%s) failed: %r", self.name, exc)
 
     async def publish(self, subject: str, msg: Base) -> None:
         with tracing.producer_span(subject, "publish"):
