@@ -86,9 +86,10 @@ class ProgramState:
         return branches
 
     def join(self, branches: list["ProgramState"]) -> None:
-        """Wait for ``branches`` and gather their variables: a name set by several
-        branches becomes the list of their values (in branch order), a name set by
-        one keeps its value. The text stays as it was at the fork."""
+        """Wait for ``branches`` and gather their variables: each name any branch set
+        becomes the list of the values of the branches that set it, in branch order
+        (a list whatever the number of branches: ``fork(1)`` gives a one-element
+        list). The text stays as it was at the fork."""
         tails = [b._tail for b in branches]
 
         async def gather() -> None:
@@ -98,7 +99,7 @@ class ProgramState:
             names = list(dict.fromkeys(n for b in branches for n in b._own))
             for name in names:
                 values = [b._vars[name] for b in branches if name in b._own]
-                self._set(name, values if len(values) > 1 else values[0])
+                self._set(name, values)
 
         self._enqueue(gather)
 

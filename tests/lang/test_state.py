@@ -107,3 +107,20 @@ def test_run_batch_keeps_input_order(runtime, gateway):
                            concurrency=3, progress=False)
     assert [st["out"] for st in states] == [f"<{n}>" for n in range(1, 7)]
     assert gateway.max_inflight == 3
+
+
+def test_a_joined_capture_is_a_list_whatever_the_branch_count(runtime, gateway):
+    # the README's run_batch example with one topic: s["note"] must not be a string
+    states = analyse.run_batch([{"doc": "abc", "topics": ["x"]}, {"doc": "de", "topics": ["x", "y"]}],
+                               runtime=runtime, progress=False)
+    one, two = (s["note"] for s in states)
+    assert one == ["<17>"] and len(two) == 2 and all(isinstance(n, str) for n in two)
+    assert states[0].text().startswith("Doc: abc\nNotes: <17>\nSo:")
+
+    @rl.function
+    def partly(s):
+        branches = s.fork(3)
+        branches[1] += "b" + rl.gen("only", max_tokens=2)
+        s.join(branches)
+
+    assert partly.run(runtime=runtime)["only"] == ["<1>"]  # set by one branch of three
