@@ -41,10 +41,20 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": created, "owned_by": "radixmesh"}
 
+    async def ready() -> None:
+        """NOTE: clients poll /v1/models for readiness: it answers 200 only when
+        /health does, i.e. once a generation can be served."""
+        report = await health()
+        if not report.ok:
+            detail = report.body.get("detail") or report.body.get("status", "starting")
+            raise ApiError(503, f"not ready to serve generations: {detail}", code="not_ready")
+
     async def list_models(_: Request) -> Response:
+        await ready()
         return json_response({"object": "list", "data": [model_card(settings.served_model_name)]})
 
     async def get_model(request: Request) -> Response:
+        await ready()
         name = request.path_params["model"]
         if name not in settings.accepted_models:
             raise ApiError(404, f"The model `{name}` does not exist.", "model", "model_not_found")

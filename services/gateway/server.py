@@ -97,7 +97,7 @@ def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server
         ctx.stack.push_async_callback(pipeline.stop)
         cluster = ClusterView(ctx.bus, ctx.subjects, pipeline.loads, settings.served_model_name,
                               registry, worker_model=pipeline.model)
-        app = create_app(pipeline, settings, BusHealth(ctx.bus, ctx.subjects),
+        app = create_app(pipeline, settings, BusHealth(ctx.bus, ctx.subjects, loads=pipeline.loads),
                          CacheAdmin(ctx.bus, ctx.subjects).flush, MetricsPage(registry, cluster))
         url = await serve_http(ctx, app, server_cfg, ctx.config.log_level)
         ctx.detail.update(url=url, model=settings.served_model_name)

@@ -97,8 +97,9 @@ def test_process_serves_and_stops_on_sigterm(nats_server, subject_prefix):
                 break
         assert url, "gateway never listened"
         auth = {"Authorization": "Bearer k1"}
-        models = httpx.get(url + "/v1/models", headers=auth, timeout=5).json()
-        assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
+        models = httpx.get(url + "/v1/models", headers=auth, timeout=5)  # nothing behind it yet
+        assert models.status_code == 503 and models.json()["error"]["code"] == "not_ready"
+        assert httpx.get(url + "/v1/models", timeout=5).status_code == 401  # auth comes first
         health = httpx.get(url + "/health", timeout=5)
         assert health.status_code == 503 and health.json()["status"] == "unavailable"
         proc.send_signal(signal.SIGTERM)
