@@ -67,15 +67,33 @@ class KVCache:
         return self.match(req).length
 
     def admit(self, req: Req) -> MatchResult:
-        """Lock ``req``'s cached device prefix; it starts from those slots."""
+        """Lock ``req``'s cached prefix; it starts from those slots. A part in the
+        lower tier is loaded back first (device slots allocated now, the copy owed
+        to the next step): loading beats recomputing on every device measured so far."""
         if not self.tree:
             return NO_MATCH
         match = self.tree.match_prefix(req.namespace, req.fill()[:-1])
         if match.length:
             self.lock(match.node)
+        if match.lower_len:
+            match = self._load_back(req, match)
+        if match.length:
             req.kv = KVHold(slots=[match.slots], tree_len=match.length, node=match.node)
         req.kv_len = match.length
         return match
+
+    def _load_back(self, req: Req, match: MatchResult) -> MatchResult:
+        """Bring the lower part of ``match`` (its device part locked) onto the device."""
+        # NOTE: the locked device path keeps eviction away from the nodes below it
+        slots = self.alloc(match.lower_len)
+        self.tree.tier.load(match.lower, slots)
+        slots = np.concatenate((match.slots, slots))
+        n = len(slots)
+        _, node = self.tree.insert(req.namespace, req.fill()[:n], slots)
+        self.lock(node)
+        if match.length:
+            self.unlock(match.node)
+        return MatchResult(node, slots, n, 0)
 
     def lock(self, node: TreeNode) -> None:
         self.tree.lock(node)

@@ -31,10 +31,10 @@ from .allocator import RowAllocator
 from .cache import KVCache
 from .config import CoreConfig
 from .reports import EventLog, StepRates
+from .host_tier import HostTier
 from .intake import check_request, end_ids
 from .logprobs import pop_logprobs, take_logprobs
 from .planner import Planner
-from .tree_node import LowerTier
 from .request import Req
 from .step import Step
 
@@ -42,12 +42,14 @@ EARLY_ABORTS = 4096  # aborts of not (yet) known rids remembered
 
 
 class SchedulerCore:
-    def __init__(self, info: WorkerInfo, config: CoreConfig, tier: LowerTier | None = None) -> None:
+    def __init__(self, info: WorkerInfo, config: CoreConfig) -> None:
         self.info = info
         self.config = config
         self.events = EventLog(info.worker_id, config.page_size)
+        # NOTE: the worker's host pool becomes the tree's lower tier (evictions demote to it)
+        self.host = HostTier(info.host_kv_slots) if info.host_kv_slots and config.enable_cache else None
         self.cache = KVCache(info.kv_slots, config.enable_cache, config.page_size,
-                             config.eviction_policy, self.events.record, tier)
+                             config.eviction_policy, self.events.record, self.host)
         self.rows = RowAllocator(info.max_requests)
         self.planner = Planner(config, self.cache, self.rows, info.max_model_len)
         self.eos = frozenset(info.eos_token_ids)
@@ -129,6 +131,8 @@ class SchedulerCore:
         self.steps += 1
         self.batch_sizes[len(step.items)] += 1
         batch = step.to_batch(self.steps)
+        if self.host is not None:
+            batch.copies = self.host.take_copies()  # NOTE: they run before this step's forward
         step.launch()
         for item in step.items:
             if not item.decode:  # NOTE: shareable now: any step sent later reads it after it is written

@@ -47,17 +47,18 @@ class RadixCache:
 
     def match_prefix(self, namespace: str, tokens) -> MatchResult:
         """Longest cached page-aligned prefix of ``tokens`` in ``namespace``."""
-        node, pos, lower, parts = self._root(namespace), 0, 0, []
+        node, pos, lower, parts, lower_parts = self._root(namespace), 0, 0, [], []
         now = time.monotonic()
         for child, n in self._walk(namespace, self._aligned(tokens), split=True):
             child.last_access, child.hits = now, child.hits + 1
             if not child.on_device or lower:
                 lower += n
+                lower_parts.append(child.lower)
                 continue
             parts.append(child.value)
             node, pos = child, pos + n
         slots = np.concatenate(parts) if parts else EMPTY
-        return MatchResult(node, slots, pos, lower)
+        return MatchResult(node, slots, pos, lower, np.concatenate(lower_parts) if lower else EMPTY)
 
     def peek(self, namespace: str, tokens) -> MatchResult:
         """Like :meth:`match_prefix` (no slots) but changes nothing: no split, no touch."""

@@ -19,6 +19,9 @@ class LowerTier(Protocol):
     def demote(self, device_slots: np.ndarray) -> np.ndarray | None:
         """Take a copy of these device slots' KV; its slots, or None to refuse."""
 
+    def load(self, slots: np.ndarray, device_slots: np.ndarray) -> None:
+        """Copy KV of these slots of the tier back into device slots."""
+
     def free(self, slots: np.ndarray) -> None:
         """Slots of this tier that the tree no longer needs."""
 
@@ -58,6 +61,7 @@ class MatchResult(NamedTuple):
     slots: np.ndarray  # device KV slots of the matched prefix
     length: int  # tokens matched on the device
     lower_len: int = 0  # further tokens matched in the lower tier only
+    lower: np.ndarray = EMPTY  # the lower tier's slots of those tokens
 
 
 class SizeInfo(NamedTuple):

@@ -16,13 +16,22 @@ from libs.protocol.messages import ForwardBatch, ForwardResult
 
 
 class SlotWorker:
-    def __init__(self, num_slots: int, max_requests: int, max_len: int, vocab: int = 97) -> None:
+    def __init__(self, num_slots: int, max_requests: int, max_len: int, vocab: int = 97,
+                 host_slots: int = 0) -> None:
         self.kv = np.full(num_slots, -1, dtype=np.int64)
+        self.host = np.full(host_slots, -1, dtype=np.int64)  # the host pool: copies land here
         self.table = np.zeros((max_requests, max_len), dtype=np.int64)
         self.vocab = vocab
         self.last = np.full(max_requests, -1, dtype=np.int64)
 
     def run(self, batch: ForwardBatch) -> ForwardResult:
+        for copy in batch.copies:  # NOTE: in order, before the forward, as the worker runs them
+            assert copy.kind in ("d2h", "h2d") and len(copy.src) == len(copy.dst)
+            src, dst = (self.kv, self.host) if copy.kind == "d2h" else (self.host, self.kv)
+            assert (src[copy.src] >= 0).all(), f"{copy.kind} of slots nobody wrote"
+            dst[copy.dst] = src[copy.src]
+            if copy.kind == "d2h":
+                self.kv[copy.src] = -1  # NOTE: freed on the device: reading it now would show
         for new in batch.new_rows:
             self.table[new.row, : len(new.prefix_slots)] = new.prefix_slots
             self.last[new.row] = -1

@@ -17,10 +17,12 @@ from .slot_worker import SlotWorker
 EOS = 2
 
 
-def make(kv_slots=256, max_requests=16, **cfg) -> tuple[SchedulerCore, SlotWorker]:
+def make(kv_slots=256, max_requests=16, host_slots=0, **cfg) -> tuple[SchedulerCore, SlotWorker]:
     info = WorkerInfo(worker_id="w1", model="m", kv_slots=kv_slots, max_requests=max_requests,
-                      max_model_len=512, vocab_size=1000, eos_token_ids=[EOS], dtype="float32")
-    return SchedulerCore(info, CoreConfig(**cfg)), SlotWorker(kv_slots, max_requests, 512)
+                      max_model_len=512, vocab_size=1000, eos_token_ids=[EOS], dtype="float32",
+                      host_kv_slots=host_slots)
+    return (SchedulerCore(info, CoreConfig(**cfg)),
+            SlotWorker(kv_slots, max_requests, 512, host_slots=host_slots))
 
 
 def req(rid, prompt=None, max_new=3, ns="", **sp) -> Req:
@@ -50,6 +52,9 @@ def drain(b: SchedulerCore, w: SlotWorker, limit=10_000) -> dict[str, list[int]]
 
 
 def assert_all_slots_back(b: SchedulerCore):
+    if b.host is not None:  # every host slot is free or held by a tree node
+        held = sum(len(n.lower) for n in b.cache.tree._all_nodes() if n.lower is not None)
+        assert b.host.num_free + held == b.info.host_kv_slots
     size = b.cache.tree.size_info() if b.cache.tree else None
     assert b.cache.available == b.info.kv_slots
     assert size is None or size.protected == 0

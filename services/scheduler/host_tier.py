@@ -1,0 +1,54 @@
+"""The host tier's books (L2): which host KV slots are free, and the copies owed.
+
+The worker holds a second KV pool in host memory (``--host-kv-slots``); the
+scheduler decides what lives there. Eviction demotes a device node here
+(write-back: the copy down is made only when the device slots are needed), and a
+request whose prefix continues in host memory loads it back at admission. Each
+decision becomes a ``KVCopy`` that rides the next step's ForwardBatch; the worker
+runs a step's copies in order before its forward, so:
+
+- a d2h copy reads the device slots before this step's forward overwrites them
+  (they were freed for it), and after every earlier step that wrote them;
+- an h2d copy is complete before the forward that reads the loaded prefix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from libs.protocol.messages import KVCopy
+
+from .allocator import SlotAllocator
+
+
+class HostTier:
+    def __init__(self, num_slots: int) -> None:
+        self.slots = SlotAllocator(num_slots)
+        self._copies: list[KVCopy] = []
+        self.demoted = self.loaded = 0  # tokens copied down / back up
+
+    @property
+    def num_free(self) -> int:
+        return self.slots.num_free
+
+    def demote(self, device_slots: np.ndarray) -> np.ndarray | None:
+        """Copy these device slots' KV to host slots (None: the host pool is full)."""
+        if len(device_slots) > self.slots.num_free:
+            return None
+        host = self.slots.alloc(len(device_slots))
+        self._copies.append(KVCopy(kind="d2h", src=device_slots.tolist(), dst=host.tolist()))
+        self.demoted += len(host)
+        return host
+
+    def load(self, host_slots: np.ndarray, device_slots: np.ndarray) -> None:
+        """Copy host KV back into device slots (the host copy stays valid)."""
+        self._copies.append(KVCopy(kind="h2d", src=host_slots.tolist(), dst=device_slots.tolist()))
+        self.loaded += len(host_slots)
+
+    def free(self, slots: np.ndarray) -> None:
+        self.slots.free(slots)
+
+    def take_copies(self) -> list[KVCopy]:
+        """The copies owed since the last call, in the order they were decided."""
+        out, self._copies = self._copies, []
+        return out
