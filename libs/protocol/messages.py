@@ -275,6 +275,11 @@ class SchedStats(Base, tag="sched_stats_reply.v1"):
     # seconds while steps were queued or running, and the worker's forward time in them
     worker_active_s: float = 0.0
     worker_busy_s: float = 0.0
+    # the host tier (0 slots: none): tokens copied down on eviction / back up at admission
+    host_slots: int = 0
+    host_free_slots: int = 0
+    host_demoted_tokens: int = 0
+    host_loaded_tokens: int = 0
 
 
 class FlushRequest(Base, tag="flush.v1"):

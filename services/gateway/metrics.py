@@ -135,6 +135,15 @@ class ClusterView:
                               labels, registry=r)
         self.busy_s = Gauge("radixmesh:worker_busy_seconds",
                             "Seconds of model forward time within the active time", labels, registry=r)
+        self.host_usage = Gauge("radixmesh:host_kv_usage",
+                                "Share of the worker's host KV pool (the host tier) in use",
+                                labels, registry=r)
+        self.host_loaded = Gauge("radixmesh:host_loaded_tokens",
+                                 "Prompt tokens loaded back from the host tier instead of recomputed "
+                                 "(since the scheduler started)", labels, registry=r)
+        self.host_demoted = Gauge("radixmesh:host_demoted_tokens",
+                                  "Tokens of KV copied down to the host tier on eviction "
+                                  "(since the scheduler started)", labels, registry=r)
         self.unreachable = Gauge("radixmesh:worker_stats_unavailable",
                              "1 when the worker's scheduler did not answer the stats request", labels,
                              registry=r)
@@ -144,7 +153,8 @@ class ClusterView:
         reports = [r for r in self.loads.live()
                    if self.worker_model is None or r.model == self.worker_model]
         for gauge in (self.running, self.queued, self.token_usage, self.hit_rate, self.throughput,
-                      self.idle, self.active_s, self.busy_s, self.unreachable):
+                      self.idle, self.active_s, self.busy_s, self.unreachable, self.host_usage,
+                      self.host_loaded, self.host_demoted):
             gauge.clear()  # NOTE: workers that left disappear from the scrape
         for r in reports:
             key = (self.model_name, r.worker_id)
@@ -168,6 +178,10 @@ class ClusterView:
             self.idle.labels(*key).set(st.worker_idle_fraction)
             self.active_s.labels(*key).set(st.worker_active_s)
             self.busy_s.labels(*key).set(st.worker_busy_s)
+            if st.host_slots:
+                self.host_usage.labels(*key).set(1.0 - st.host_free_slots / st.host_slots)
+                self.host_loaded.labels(*key).set(st.host_loaded_tokens)
+                self.host_demoted.labels(*key).set(st.host_demoted_tokens)
             last = self._last.get(r.worker_id)
             rate = 0.0
             if last is not None and now > last[1] and st.tokens_generated >= last[0]:

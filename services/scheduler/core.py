@@ -222,8 +222,15 @@ class SchedulerCore:
             requests_finished=self.finished, prompt_tokens=p.prompt_tokens,
             cached_tokens=p.cached_tokens, retractions=p.retractions,
             cache_enabled=self.cache.tree is not None,
-            evictable_slots=size[0], protected_slots=size[1],
+            evictable_slots=size[0], protected_slots=size[1], **self._host_stats(),
         )
+
+    def _host_stats(self) -> dict[str, int]:
+        h = self.host
+        if h is None:
+            return {}
+        return dict(host_slots=self.info.host_kv_slots, host_free_slots=h.num_free,
+                    host_demoted_tokens=h.demoted, host_loaded_tokens=h.loaded)
 
     # -- internals -------------------------------------------------------------
 
