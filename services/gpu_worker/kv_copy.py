@@ -84,6 +84,7 @@ class KVCopier:
             _check_slots(src, device, f"{where}.src")
             books.export(copy.buffer, len(src), where)
         else:
+            _check(copy.kind == "import", f"{where}: unknown kind (d2h, h2d, export or import)")
             _check(bool(copy.buffer) and not len(src), f"{where}: needs a buffer id and no src slots")
             _check_slots(dst, device, f"{where}.dst", unique=True)
             books.take(copy.buffer, len(dst), self.layout, where)

@@ -86,6 +86,7 @@ BAD = [
     ([KVCopy(kind="import", dst=[0, 1], buffer="corrupt")], "checksum mismatch", {}),
     ([KVCopy(kind="export", src=list(range(32)), buffer="big")], "staging budget", {}),
     ([KVCopy(kind="export", src=[1 << 70], buffer="x")], "64-bit integers", {}),
+    ([KVCopy(kind="move", src=[0], dst=[1])], "unknown kind", {}),  # only in process: the wire refuses it
     # the third copy is bad: the first two must not have run
     ([KVCopy(kind="d2h", src=[0], dst=[0]), KVCopy(kind="import", dst=[9, 10], buffer="old"),
       KVCopy(kind="import", dst=[9, 10], buffer="old")], "no transfer buffer 'old'", {}),
