@@ -59,6 +59,7 @@ class AttentionBackend(ABC):
         self.check_available(kv.device, kv.dtype)
         self.kv = kv
         self.scale = scale if scale is not None else kv.head_dim**-0.5
+        self.capture_sizes: list[int] = []  # see init_capture
 
     @classmethod
     def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
@@ -82,3 +83,26 @@ class AttentionBackend(ABC):
         Each new token attends causally to its request's cached prefix and to the
         new tokens before it. Returns (or fills ``out``) [T, heads, D].
         """
+
+    # -- captured steps: CUDA graphs, compiled CPU steps ---------------------------
+    #
+    # A captured step runs padded to one of a few token counts (``sizes``). The
+    # runner calls ``init_capture`` once, then, for every step that runs captured,
+    # ``prepare_for_replay`` instead of ``prepare``. A backend whose ``forward`` is
+    # recorded inside a CUDA graph keeps static index buffers (allocated in
+    # ``init_capture``, filled by ``prepare_for_capture`` for the recording and
+    # copied into by ``prepare_for_replay``); one called eagerly between compiled
+    # pieces (every backend on the CPU) needs nothing more than ``prepare``.
+
+    def init_capture(self, sizes: list[int]) -> None:
+        """Steps will run padded to one of ``sizes`` tokens."""
+        self.capture_sizes = sorted(sizes)
+
+    def prepare_for_capture(self, meta: AttentionMetadata, size: int) -> None:
+        """Lay out ``meta`` (a step of ``size`` tokens) in the static buffers to record from."""
+        self.prepare(meta)
+
+    def prepare_for_replay(self, meta: AttentionMetadata, size: int) -> None:
+        """This step, whose tokens the runner padded to ``size``: only its own
+        ``meta.num_tokens`` rows are attended and stored, padding never is."""
+        self.prepare(meta)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -16,6 +17,7 @@ from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import ServiceContext, add_common_args, common_config, run_service, setup_logging
 from libs.protocol.subjects import check_token
 
+from .compiled import DEFAULT_SIZES
 from .model_runner import ModelRunner, RunnerConfig
 from .precision import DTYPE_CHOICES
 from .service import WorkerService
@@ -38,7 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch | cpu | triton | flashinfer | auto (cpu, else torch, on the CPU; "
                         "best available on CUDA)")
     p.add_argument("--device", default=env("RADIXMESH_DEVICE", "cpu"))
-    p.add_argument("--threads", type=int, default=int(env("RADIXMESH_THREADS", "0")), help="torch threads (0: torch default)")
+    p.add_argument("--threads", type=int, default=int(env("RADIXMESH_THREADS", "0")),
+                   help="compute threads (0: one per core, less one for the event loop and the other services)")
+    p.add_argument("--compile", choices=("on", "off"), default=env("RADIXMESH_COMPILE", "off"),
+                   help="compile the model's pieces between attention calls (inductor, cached on disk)")
+    p.add_argument("--compile-sizes", default=",".join(map(str, DEFAULT_SIZES)),
+                   help="token-count buckets of the compiled step (steps are padded up; longer ones run eagerly)")
     p.add_argument("--worker-id", default=env("RADIXMESH_WORKER_ID") or f"worker-{uuid.uuid4().hex[:8]}")
     p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between WorkerInfo announcements")
     add_common_args(p, SERVICE)
@@ -46,26 +53,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def set_compute_threads(requested: int) -> int:
+    """Torch's intra-op threads (``requested``, or one per core less one: the service's
+    event loop and the other services of a small machine keep a core) and a single
+    inter-op thread (the forward runs in one thread; an idle pool would only compete)."""
+    threads = requested if requested > 0 else max(1, (os.cpu_count() or 1) - 1)
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # NOTE: settable once, before any inter-op work
+        torch.set_num_interop_threads(1)
+    return threads
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = common_config(args)
     setup_logging(SERVICE, config.log_level)
     serve_metrics(args.metrics_port, args.metrics_host)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    threads = set_compute_threads(args.threads)
     try:
         check_token(args.worker_id)
         runner = ModelRunner(RunnerConfig(
             model=str(resolve_model(args.model)), dtype=args.dtype, kv_slots=args.kv_slots, max_requests=args.max_requests,
             attention_backend=args.attention_backend, device=args.device, max_model_len=args.max_model_len,
-            host_kv_slots=args.host_kv_slots,
+            host_kv_slots=args.host_kv_slots, compile=args.compile == "on",
+            compile_sizes=tuple(int(n) for n in args.compile_sizes.split(",")),
         ))
     except (BackendNotAvailable, ModelNotFoundError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{SERVICE}: {exc}") from None
     logging.getLogger(SERVICE).info(
-        "loaded %s (%s [%s], %s attention, %d KV slots, %.0f MiB KV)", runner.path, runner.config.dtype,
-        runner.dtype_choice.reason, runner.attn.name, args.kv_slots, runner.kv.nbytes() / 2**20,
+        "loaded %s (%s [%s], %s attention, %d KV slots, %.0f MiB KV, %d compute threads)", runner.path, runner.config.dtype,
+        runner.dtype_choice.reason, runner.attn.name, args.kv_slots, runner.kv.nbytes() / 2**20, threads,
     )
+    if runner.compiled is not None:
+        runner.compiled.warm_up(logging.getLogger(SERVICE).info)
 
     async def body(ctx: ServiceContext) -> None:
         worker = WorkerService(

@@ -1,14 +1,22 @@
-"""Decode throughput of ModelRunner: ``python -m services.gpu_worker.bench``.
+"""Decode throughput of ModelRunner, systems side by side: ``python -m services.gpu_worker.bench``.
 
 Each request starts with a ``--context``-token KV already in place (the table
 rows are filled directly: KV content does not change the cost), then every
 step decodes one token for the whole batch.
+
+A system is ``dtype:mode:threads`` (mode ``eager`` or ``compiled``); by default
+fp32 and bf16, eager and compiled, at ``--threads``. The systems take turns batch
+by batch, round after round, and the table reports medians: this machine is
+noisy (shared, the second vCPU sometimes delivers little), so only ratios taken
+in one run mean anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -16,6 +24,8 @@ from libs.models import resolve_model
 from libs.protocol.messages import ForwardBatch, NewRow
 
 from .model_runner import ModelRunner, RunnerConfig
+
+SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def bench_decode(runner: ModelRunner, batch: int, context: int, steps: int, warmup: int = 3) -> float:
@@ -36,22 +46,79 @@ def bench_decode(runner: ModelRunner, batch: int, context: int, steps: int, warm
     return (time.perf_counter() - start) / steps
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+@contextmanager
+def eager(runner: ModelRunner, on: bool):
+    """Run ``runner`` without its compiled step (same weights and pool) while ``on``."""
+    saved = runner.compiled
+    if on:
+        runner.compiled = None
+    try:
+        yield runner
+    finally:
+        runner.compiled = saved
+
+
+def parse_system(text: str) -> tuple[str, str, int]:
+    dtype, mode, threads = text.split(":")
+    dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(dtype, dtype)
+    if dtype not in SHORT or mode not in ("eager", "compiled"):
+        raise argparse.ArgumentTypeError(f"system {text!r}: want dtype:eager|compiled:threads")
+    return dtype, mode, int(threads)
+
+
+def label(system: tuple[str, str, int]) -> str:
+    return f"{SHORT[system[0]]} {system[1]} {system[2]}t"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--threads", default="1", help="comma-separated: every default system at each count")
+    p.add_argument("--systems", default="", help="comma-separated dtype:mode:threads (overrides the defaults)")
+    p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--context", type=int, default=256)
-    p.add_argument("--steps", type=int, default=20)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
+    args = p.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
+    if args.systems:
+        systems = [parse_system(s) for s in args.systems.split(",")]
+    else:
+        systems = [(d, m, int(t)) for t in args.threads.split(",") for d in SHORT for m in ("eager", "compiled")]
     kv_slots = max(batches) * (args.context + args.steps + 3)
-    runner = ModelRunner(RunnerConfig(model=str(resolve_model(args.model)), dtype=args.dtype, kv_slots=kv_slots, max_requests=max(batches)))
+    runners: dict[str, ModelRunner] = {}
+    for dtype in dict.fromkeys(s[0] for s in systems):
+        compiled = any(s[0] == dtype and s[1] == "compiled" for s in systems)
+        runners[dtype] = r = ModelRunner(RunnerConfig(
+            model=str(resolve_model(args.model)), dtype=dtype, kv_slots=kv_slots, max_requests=max(batches),
+            compile=compiled, compile_sizes=tuple(batches)))
+        if r.compiled is not None:
+            torch.set_num_threads(systems[0][2])  # NOTE: other thread counts compile in their first warm-up steps
+            r.compiled.warm_up(print)
+    samples: dict[tuple, list[float]] = {(s, b): [] for s in systems for b in batches}
+    for _ in range(args.rounds):
+        for b in batches:
+            for s in systems:
+                torch.set_num_threads(s[2])
+                with eager(runners[s[0]], s[1] == "eager") as runner:
+                    samples[s, b].append(b / bench_decode(runner, b, args.context, args.steps))
+    print_table({k: statistics.median(v) for k, v in samples.items()}, systems, batches, args)
+
+
+def print_table(tps: dict[tuple, float], systems: list, batches: list[int], args) -> None:
+    print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} steps, "
+          f"median of {args.rounds} interleaved rounds")
+    ratios = [(c, e) for c in systems for e in systems
+              if c[1] == "compiled" and e[1] == "eager" and (c[0], c[2]) == (e[0], e[2])]
+    ratios += [(a, b) for a in systems for b in systems
+               if a[0] == "bfloat16" and b[0] == "float32" and a[1:] == b[1:]]
+    ratios += [(a, b) for a in systems for b in systems if a[:2] == b[:2] and a[2] > b[2]]
+    head = [label(s) for s in systems] + [f"{label(a)} / {label(b)}" for a, b in ratios]
+    print("| batch | " + " | ".join(head) + " |")
+    print("|---" * (len(head) + 1) + "|")
     for b in batches:
-        sec = bench_decode(runner, b, args.context, args.steps)
-        print(f"batch {b:3d}: {sec * 1e3:7.1f} ms/step  {1 / sec:6.1f} steps/s  {b / sec:7.1f} tok/s")
+        cells = [f"{tps[s, b]:.1f}" for s in systems] + [f"{tps[a, b] / tps[c, b]:.2f}" for a, c in ratios]
+        print(f"| {b} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

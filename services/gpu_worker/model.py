@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from libs.kernels import AttentionBackend
+from libs.kernels import ops as torch_ops
 from libs.kernels.ops import Rotary, rope_inv_freq
 
 from .config import ModelConfig
@@ -43,26 +44,49 @@ class LlamaModel:
         ``input_ids`` / ``positions`` are [T] int64; ``attn`` is already prepared
         for this step.
         """
-        w = self.weights
-        eps = self.config.rms_norm_eps
-        ops = attn.ops  # NOTE: elementwise kernels that match the attention backend
+        return self.logits(self.hidden(input_ids, positions, attn), last_index, attn.ops)
+
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        """The residual stream after the last layer ([T, hidden]), eagerly, op by op."""
+        w, ops = self.weights, attn.ops  # NOTE: elementwise kernels that match the attention backend
         rope = self.rotary.lookup(positions, self.dtype)
-        x = F.embedding(input_ids, w.embed)
-        for i, layer in enumerate(w.layers):
-            x = x + self._attention(i, layer, ops.rmsnorm(x, layer.input_norm, eps), rope, attn)
-            x = x + self._mlp(layer, ops.rmsnorm(x, layer.post_norm, eps), ops)
-        x = ops.rmsnorm(x.index_select(0, last_index), w.final_norm, eps)
-        return F.linear(x, w.lm_head).float()
+        x, q, k, v = self.first_piece(input_ids, rope, w.layers[0], ops)
+        for i in range(1, len(w.layers)):
+            x, q, k, v = self.middle_piece(x, attn.forward(i - 1, q, k, v), rope, w.layers[i - 1], w.layers[i], ops)
+        return self.last_piece(x, attn.forward(len(w.layers) - 1, q, k, v), w.layers[-1], ops)
 
-    def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, rope, attn) -> torch.Tensor:
-        cfg, t = self.config, h.shape[0]
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-        qk = attn.ops.apply_rope(qkv[:, : self._qk_width].view(t, -1, cfg.head_dim), *rope)
-        q, k = qk[:, : self._q_heads], qk[:, self._q_heads :]
+    def logits(self, x: torch.Tensor, last_index: torch.Tensor, ops=torch_ops) -> torch.Tensor:
+        """Final norm and LM head over the rows of ``x`` at ``last_index`` (float32 logits)."""
+        x = ops.rmsnorm(x.index_select(0, last_index), self.weights.final_norm, self.config.rms_norm_eps)
+        return F.linear(x, self.weights.lm_head).float()
+
+    # -- the pieces between attention calls (what a compiled step compiles) ------------
+    #
+    #   first:  embed -> layer 0 attention input          -> attention 0
+    #   middle: layer i-1 o_proj + MLP -> layer i input   -> attention i   (i = 1 .. L-1)
+    #   last:   layer L-1 o_proj + MLP                    -> final norm, LM head (eager)
+
+    def first_piece(self, input_ids, rope, layer: LayerWeights, ops=torch_ops):
+        x = F.embedding(input_ids, self.weights.embed)
+        return (x, *self._attention_in(x, layer, rope, ops))
+
+    def middle_piece(self, x, o, rope, done: LayerWeights, layer: LayerWeights, ops=torch_ops):
+        x = self._layer_out(x, o, done, ops)
+        return (x, *self._attention_in(x, layer, rope, ops))
+
+    def last_piece(self, x, o, done: LayerWeights, ops=torch_ops):
+        return self._layer_out(x, o, done, ops)
+
+    def _attention_in(self, x, layer: LayerWeights, rope, ops):
+        """q, k ([T, heads | kv_heads, D], rotated) and v of layer ``layer``."""
+        cfg, t = self.config, x.shape[0]
+        qkv = F.linear(ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps), layer.qkv, layer.qkv_bias)
+        qk = ops.apply_rope(qkv[:, : self._qk_width].view(t, -1, cfg.head_dim), *rope)
         v = qkv[:, self._qk_width :].view(t, cfg.num_kv_heads, cfg.head_dim)
-        o = attn.forward(i, q, k, v)
-        return F.linear(o.reshape(t, -1), layer.o_proj, layer.o_bias)
+        return qk[:, : self._q_heads], qk[:, self._q_heads :], v
 
-    def _mlp(self, layer: LayerWeights, h: torch.Tensor, ops) -> torch.Tensor:
-        gate_up = F.linear(h, layer.gate_up, layer.gate_up_bias)
-        return F.linear(ops.silu_mul(gate_up), layer.down, layer.down_bias)
+    def _layer_out(self, x, o, layer: LayerWeights, ops):
+        """The residual stream after a layer's attention output ``o`` ([T, heads, D]) and its MLP."""
+        x = x + F.linear(o.reshape(x.shape[0], -1), layer.o_proj, layer.o_bias)
+        gate_up = F.linear(ops.rmsnorm(x, layer.post_norm, self.config.rms_norm_eps), layer.gate_up, layer.gate_up_bias)
+        return x + F.linear(ops.silu_mul(gate_up), layer.down, layer.down_bias)

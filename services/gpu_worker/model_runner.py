@@ -14,6 +14,7 @@ from libs.protocol.errors import invalid_request
 from libs.protocol.messages import ForwardBatch
 
 from .batch import Limits, LogprobPlan, StepArrays, parse_batch, parse_logprobs
+from .compiled import DEFAULT_SIZES, CompiledStep
 from .constraints import Constraints
 from .kv_copy import KVCopier
 from .model import LlamaModel
@@ -31,6 +32,8 @@ class RunnerConfig:
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     host_kv_slots: int = 0  # slots of the host KV pool for d2h/h2d copies (0: none)
+    compile: bool = False  # the model's pieces between attention calls compiled (compiled.py)
+    compile_sizes: tuple[int, ...] = DEFAULT_SIZES  # token-count buckets of the compiled step
 
 
 @dataclass
@@ -67,6 +70,7 @@ class ModelRunner:
         if backend == "auto":
             backend = default_backend(self.device, DTYPES[config.dtype])
         self.attn = get_backend(backend, self.kv)
+        self.compiled = CompiledStep(self.model, self.attn, config.compile_sizes) if config.compile else None
         # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]
         self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)
         self.sampler = Sampler(config.max_requests, mc.vocab_size, self.device)
@@ -157,22 +161,19 @@ class ModelRunner:
             self._fill_table(step.shared_rows, step.shared_positions, torch.from_numpy(step.shared_slots).to(dev))
         slots = torch.from_numpy(step.out_slots).to(dev)
         self._fill_table(step.token_rows, step.positions, slots)
-        self.attn.prepare(
-            AttentionMetadata(
-                rows=torch.from_numpy(step.rows).to(dev),
-                prefix_lens=step.prefix_lens,
-                extend_lens=step.extend_lens,
-                out_slots=slots,
-                slot_table=self.table,
-            )
+        meta = AttentionMetadata(
+            rows=torch.from_numpy(step.rows).to(dev),
+            prefix_lens=step.prefix_lens,
+            extend_lens=step.extend_lens,
+            out_slots=slots,
+            slot_table=self.table,
         )
-        logits = self.model.forward(
-            ids,
-            torch.from_numpy(step.positions).to(dev),
-            torch.from_numpy(_gather_index(step.last_index, extra)).to(dev),
-            self.attn,
-        )
-        return step, logits
+        positions = torch.from_numpy(step.positions).to(dev)
+        last = torch.from_numpy(_gather_index(step.last_index, extra)).to(dev)
+        if self.compiled is not None:
+            return step, self.compiled.forward(ids, positions, last, meta)
+        self.attn.prepare(meta)
+        return step, self.model.forward(ids, positions, last, self.attn)
 
     def _input_ids(self, batch: ForwardBatch, step: StepArrays) -> torch.Tensor:
         """The step's token ids on the device, -1s replaced by the rows' last
