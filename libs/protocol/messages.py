@@ -239,6 +239,7 @@ class TokenDelta(Base, array_like=True):
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: Logprobs | None = None  # requests with return_logprob: tokens since the last delta
+    cached_host_tokens: int = 0  # of cached_tokens: loaded back from the host tier
 
 
 class DetokBatch(Base, tag="detok.v1"):
@@ -333,6 +334,7 @@ class Usage(Base, array_like=True):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    cached_host_tokens: int = 0  # of cached_tokens: loaded back from the host tier (the rest: device)
 
 
 class TextDelta(Base, array_like=True):

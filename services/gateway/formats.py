@@ -21,8 +21,15 @@ def usage_body(usage: Usage) -> dict:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                  "cached_tokens_details": cached_by_tier(usage)},
     }
+
+
+def cached_by_tier(usage: Usage) -> dict:
+    """Where the cached prompt tokens came from: device memory, or loaded back from host."""
+    return {"device": usage.cached_tokens - usage.cached_host_tokens,
+            "host": usage.cached_host_tokens}
 
 
 @dataclass
@@ -49,7 +56,8 @@ class OpenAIFormat:
         choices = [self._choice(i, d, r) for i, (d, r) in enumerate(zip(dones, reqs))]
         usage = Usage(prompt_tokens=sum(d.usage.prompt_tokens for d in dones),
                       completion_tokens=sum(d.usage.completion_tokens for d in dones),
-                      cached_tokens=sum(d.usage.cached_tokens for d in dones))
+                      cached_tokens=sum(d.usage.cached_tokens for d in dones),
+                      cached_host_tokens=sum(d.usage.cached_host_tokens for d in dones))
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices,
                 "usage": usage_body(usage)}
@@ -108,6 +116,7 @@ def native_body(rid: str, text: str, output_ids: list[int], finish_reason: str |
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
             "cached_tokens": usage.cached_tokens,
+            "cached_tokens_details": cached_by_tier(usage),
             "finish_reason": None if finish_reason is None else {"type": finish_reason},
         },
     }

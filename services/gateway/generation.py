@@ -194,8 +194,9 @@ class Generation:
         finish = None if self._error is not None else last.finish_reason
         if self.retries and self.usage is not None:
             # NOTE: a resumed request's cache hit may cover its replayed output too
-            self.usage = Usage(self.usage.prompt_tokens, self.usage.completion_tokens,
-                               min(self.usage.cached_tokens, self.usage.prompt_tokens))
+            cached = min(self.usage.cached_tokens, self.usage.prompt_tokens)
+            self.usage = Usage(self.usage.prompt_tokens, self.usage.completion_tokens, cached,
+                               min(self.usage.cached_host_tokens, cached))
         return TextDelta(rid=self.rid, text=text, token_ids=token_ids,
                          finish_reason=finish, usage=self.usage,
                          logprobs=merge_logprobs([i.logprobs for i in items]))

@@ -67,19 +67,19 @@ class KVCache:
         return self.match(req).length
 
     def admit(self, req: Req) -> MatchResult:
-        """Lock ``req``'s cached prefix; it starts from those slots. A part in the
-        lower tier is loaded back first (device slots allocated now, the copy owed
-        to the next step): loading beats recomputing on every device measured so far."""
+        """Lock ``req``'s cached prefix; it starts from those slots (``req.kv_len``).
+        A part in the lower tier is loaded back first (device slots allocated now,
+        the copy owed to the next step): loading beats recomputing on every device
+        measured so far. Returns the match as found (device and lower lengths)."""
         if not self.tree:
             return NO_MATCH
         match = self.tree.match_prefix(req.namespace, req.fill()[:-1])
         if match.length:
             self.lock(match.node)
-        if match.lower_len:
-            match = self._load_back(req, match)
-        if match.length:
-            req.kv = KVHold(slots=[match.slots], tree_len=match.length, node=match.node)
-        req.kv_len = match.length
+        held = self._load_back(req, match) if match.lower_len else match
+        if held.length:
+            req.kv = KVHold(slots=[held.slots], tree_len=held.length, node=held.node)
+        req.kv_len = held.length
         return match
 
     def _load_back(self, req: Req, match: MatchResult) -> MatchResult:

@@ -122,11 +122,12 @@ class Planner:
         """Give ``req`` a row and its cached prefix (shortened to ``cap``)."""
         self.waiting.remove(req)
         req.row, req.new_row = self.rows.alloc(), True
-        self.cache.admit(req)
+        device = self.cache.admit(req).length
         if cap is not None and req.kv_len > cap:
             self.cache.shorten(req, cap)
         if not req.retractions:
             req.cached_tokens = req.kv_len
+            req.cached_host_tokens = max(req.kv_len - device, 0)
             self.prompt_tokens += req.prompt_len
             self.cached_tokens += req.kv_len
         self.running.append(req)

@@ -60,7 +60,8 @@ class Req:
     kv_len: int = 0  # positions whose K/V a step already sent writes
     kv: KVHold = field(default_factory=KVHold)
     ahead: int = 0  # tokens sampled by steps in flight, not yet in output_ids
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, at its first admission
+    cached_host_tokens: int = 0  # of those: loaded back from the host tier
     retractions: int = 0
     aborted: bool = False
     finish_reason: str | None = None

@@ -28,6 +28,7 @@ class Stream:
     decode: DecodeState
     last_seen: float
     cached_tokens: int = 0
+    cached_host_tokens: int = 0
     trace_ctx: Any = None  # the request's trace context; None: not traced
     first_ns: int = 0  # wall time of its first token delta (traced streams only)
 
@@ -102,6 +103,7 @@ class Streams:
             if stream.trace_ctx is not None and not stream.first_ns:
                 stream.first_ns = time.time_ns()
             stream.cached_tokens = max(stream.cached_tokens, item.cached_tokens)
+            stream.cached_host_tokens = max(stream.cached_host_tokens, item.cached_host_tokens)
             delta = self._delta(stream, item, res)
             if delta is None:
                 continue
@@ -128,7 +130,7 @@ class Streams:
         usage = Usage(
             prompt_tokens=item.prompt_tokens or stream.prompt_tokens,
             completion_tokens=item.completion_tokens or stream.decode.num_tokens,
-            cached_tokens=stream.cached_tokens,
+            cached_tokens=stream.cached_tokens, cached_host_tokens=stream.cached_host_tokens,
         )
         return TextDelta(
             rid=stream.rid, text=res.text, token_ids=item.token_ids,

@@ -81,7 +81,7 @@ def test_batch_response_echoes_prompts_and_sums_usage():
     assert first["text"] == "Hi there!" and first["logprobs"]["top_logprobs"] is None
     assert first["logprobs"]["token_logprobs"] == [None, -1.0, -2.0]
     assert second == {"index": 1, "text": "Hi", "logprobs": None, "finish_reason": "length"}
-    assert body["usage"]["prompt_tokens"] == 3 and body["usage"]["prompt_tokens_details"] == {"cached_tokens": 1}
+    assert body["usage"]["prompt_tokens"] == 3 and body["usage"]["prompt_tokens_details"]["cached_tokens"] == 1
     plain = convert.completion_requests(_body(prompt="Hi there", max_tokens=1, logprobs=2))[0]
     done = _done("r", "!", [7], Usage(2, 1, 0), _lp())
     choice = OpenAIFormat("r", "m", chat=False).response(done, plain)["choices"][0]
