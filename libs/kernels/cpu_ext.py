@@ -2,14 +2,17 @@
 
 The first use compiles ``paged_decode.cpp`` with the machine's C++ compiler
 through ``torch.utils.cpp_extension`` (about a minute on 2 cores); later
-processes load the cached build from ``$RADIXMESH_EXT_DIR`` (default
-``~/.cache/radixmesh/torch_extensions``). Without a compiler the ``cpu``
-backend is simply unavailable and the worker falls back to ``torch``.
+processes load the cached build from a folder keyed by the kernel's source, its
+flags and the torch version under ``$RADIXMESH_EXT_DIR`` (default
+``~/.cache/radixmesh/torch_extensions``), so checkouts and venvs sharing a machine
+never rebuild each other's kernel. Without a compiler the ``cpu`` backend is simply
+unavailable and the worker falls back to ``torch``.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -25,9 +28,18 @@ FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
 LDFLAGS = ["-lmvec"]
 
 
+def build_key() -> str:
+    """``<source + flags hash>-torch<version>``: what the built module depends on."""
+    import torch
+
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join(FLAGS + LDFLAGS).encode())
+    return f"{digest.hexdigest()[:12]}-torch{torch.__version__.replace('+', '_')}"
+
+
 def build_dir() -> Path:
     default = Path.home() / ".cache" / "radixmesh" / "torch_extensions"
-    path = Path(os.environ.get("RADIXMESH_EXT_DIR", default))
+    path = Path(os.environ.get("RADIXMESH_EXT_DIR", default)) / build_key()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
