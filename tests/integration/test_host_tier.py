@@ -27,12 +27,16 @@ async def serve(tmp_path, name: str, host_slots: int):
     config = ephemeral_stack_config(tmp_path / name, kv_slots=1024, dtype="float32", extra=extra)
     with LocalStack(config, progress=lambda m: None) as stack:
         async with httpx.AsyncClient(base_url=stack.url, timeout=300) as client:
-            outputs = []
+            outputs, from_host = [], 0
             for text in prompts():  # one at a time: the cycle evicts each document in turn
                 reply = await client.post("/generate", json={
                     "text": text, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
                 assert reply.status_code == 200, reply.text
-                outputs.append(reply.json()["output_ids"])
+                body = reply.json()
+                outputs.append(body["output_ids"])
+                tiers = body["meta_info"]["cached_tokens_details"]
+                assert tiers["device"] + tiers["host"] == body["meta_info"]["cached_tokens"]
+                from_host += tiers["host"]
             metrics = (await client.get("/metrics")).text
         bus = await Bus.connect(stack.nats_url, "test")
         try:
@@ -43,6 +47,7 @@ async def serve(tmp_path, name: str, host_slots: int):
                                       SchedStatsRequest(), SchedStats)
         finally:
             await bus.close()
+    assert from_host == stats.host_loaded_tokens  # every loaded token reported to its request
     return outputs, stats, metrics
 
 
