@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import trace as trace_cli
 from .bench import cli as bench_cli
-from .launcher import LocalStack, StackConfig, StackError
+from .launcher import LocalStack, StackConfig, StackError, StackStopped
 from .simulate import cli as simulate_cli
 
 
@@ -22,33 +22,34 @@ def _up(args: argparse.Namespace) -> int:
         model=args.model, workers=args.workers, host=args.host, port=args.port,
         nats_url=os.environ.get("NATS_URL") or None, log_dir=Path(args.log_dir),
         dtype=args.dtype, kv_slots=args.kv_slots, threads_per_worker=args.threads,
-        traces=not args.no_traces,
+        traces=not args.no_traces, nats_port=args.nats_port, nats_host=args.nats_host,
     )
     stack = LocalStack(config)
-    stopping = False
 
-    def on_signal(signum, frame):
-        nonlocal stopping
-        stopping = True
+    def on_signal(signum, frame):  # NOTE: only a flag: the main loop stops the stack
+        stack.request_stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
         stack.start(timeout=args.startup_timeout)
+    except StackStopped:
+        print("radixmesh: stopped", file=sys.stderr)
+        return 0
     except StackError as exc:
         print(f"radixmesh: {exc}", file=sys.stderr)
         return 1
     print(f"\nradixmesh is serving {config.model} at {stack.url}  (OpenAI API: {stack.url}/v1)")
-    print(f"logs: {config.log_dir.resolve()}   stop: Ctrl-C\n", flush=True)
+    print(f"nats: {stack.nats_url}   logs: {config.log_dir.resolve()}   stop: Ctrl-C\n", flush=True)
     try:
-        while not stopping:
-            stack.check_alive()
-            time.sleep(0.5)
+        while not stack.stopping:
+            stack.check_alive(restarts_ok=True)  # a crash loop ends the stack
+            time.sleep(0.2)
     except StackError as exc:
         print(f"radixmesh: {exc}", file=sys.stderr)
         return 1
     finally:
-        print("stopping...", file=sys.stderr)
+        print("radixmesh: stopping (services, then the broker)", file=sys.stderr, flush=True)
         stack.stop()
     return 0
 
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--kv-slots", type=int, default=32768, help="KV cache tokens per worker")
     up.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
     up.add_argument("--log-dir", default="logs")
+    up.add_argument("--nats-port", type=int, default=0,
+                    help="port of the nats-server it starts (0: a free one); unused with NATS_URL")
+    up.add_argument("--nats-host", default="127.0.0.1",
+                    help="where that nats-server listens (0.0.0.0: workers on other hosts can join)")
     up.add_argument("--startup-timeout", type=float, default=300.0)
     up.add_argument("--no-traces", action="store_true",
                     help="do not keep spans in <log-dir>/spans.jsonl (for `radixmesh trace`)")

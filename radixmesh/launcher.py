@@ -1,11 +1,20 @@
 """Start a whole radixmesh stack on this machine: nats-server and every service.
 
 Used by ``radixmesh up`` and by the integration tests. Each service runs as its
-own process (``python -m services.<name>``) with its output in ``log_dir``.
-Services named in ``StackConfig.supervise`` are restarted when they exit; the
-scheduler keeps its instance id across restarts, so it re-adopts its workers
-at once (their leases name it). Fault tests use :meth:`LocalStack.kill`,
-:meth:`LocalStack.pid`, :meth:`LocalStack.kill_nats` and :meth:`LocalStack.start_nats`.
+own process (``python -m services.<name>``) in its own process group, so a
+terminal's Ctrl-C reaches only the launcher, which stops them in order: the
+services, then the broker. Each process writes ``log_dir/<name>.log``, emptied
+when the stack starts (a restart appends to it).
+
+The processes named in ``StackConfig.supervise`` (by default every service, and
+nats-server when the stack started it) are restarted when they exit, after a
+backoff (:class:`RestartPolicy`); one more exit than ``max_restarts`` within
+``window_s`` is a crash loop, which :meth:`LocalStack.check_alive` reports with
+the log tail. A restarted process keeps its command line and so its id: the
+scheduler re-adopts its workers at once, a worker rejoins under its id.
+``log_dir/stack.json`` names the running processes while the stack is up.
+Fault tests use :meth:`LocalStack.kill`, :meth:`LocalStack.pid`,
+:meth:`LocalStack.kill_nats` and :meth:`LocalStack.start_nats`.
 """
 
 from __future__ import annotations
@@ -34,13 +43,38 @@ class StackError(RuntimeError):
     pass
 
 
+class StackStopped(StackError):
+    """The stack was asked to stop before it became healthy."""
+
+
+SERVICES = ("cache_index", "tokenizer", "scheduler", "gpu_worker", "gateway")
+BROKER = "nats-server"
+STATE_FILE = "stack.json"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a supervised process that exited is started again."""
+
+    max_restarts: int = 5  # per process within window_s; one more exit is a crash loop
+    window_s: float = 60.0
+    backoff_s: float = 0.25  # the first restart's delay, doubled per restart in the window
+    max_backoff_s: float = 8.0
+
+    def delay(self, recent: int) -> float:
+        """The wait before a restart that follows ``recent`` restarts in the window."""
+        return min(self.backoff_s * 2 ** recent, self.max_backoff_s)
+
+
 @dataclass
 class StackConfig:
     model: str = DEFAULT_MODEL
     workers: int = 1
     host: str = "127.0.0.1"
     port: int = 8000
-    nats_url: str | None = None
+    nats_url: str | None = None  # an existing broker; None: start nats-server
+    nats_port: int = 0  # the port of the nats-server the stack starts (0: a free one)
+    nats_host: str = "127.0.0.1"  # where that nats-server listens
     subject_prefix: str = "rm"
     log_dir: Path = Path("logs")
     dtype: str = "auto"  # the worker picks: bfloat16 on CUDA and AMX / AVX512-BF16 CPUs, else float32
@@ -50,10 +84,10 @@ class StackConfig:
     # keep every span in log_dir/spans.jsonl (for `radixmesh trace`), unless the
     # environment already sends them somewhere (OTEL_EXPORTER_OTLP_*ENDPOINT)
     traces: bool = False
-    # services (process names) restarted when they exit; a restarted scheduler
-    # re-adopts its workers at once (same instance id)
-    supervise: tuple[str, ...] = ("scheduler",)
-    max_restarts: int = 10  # per process: a crash loop ends in StackError
+    # services restarted when they exit (and "nats-server": the broker the stack started)
+    supervise: tuple[str, ...] = (*SERVICES, BROKER)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    stop_timeout_s: float = 15.0  # SIGTERM to SIGKILL, for all the services together
 
 
 RESTART_POLL_S = 0.05
@@ -62,13 +96,18 @@ WORKER_ANNOUNCE_S = 0.5
 
 @dataclass
 class _Proc:
-    name: str
+    name: str  # the service, gpu_worker-<i> or nats-server
+    service: str
     popen: subprocess.Popen
     log: Path
+    spawn: Callable[[], subprocess.Popen]  # starts it again
     cmd: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
     restarts: int = 0
     restarted_at: float = 0.0  # monotonic time of the last restart
+    recent: list[float] = field(default_factory=list)  # restart times within the window
+    exit_code: int | None = None  # of the last exit the supervisor saw
+    due: float | None = None  # when the pending restart runs
+    failed: bool = False  # a crash loop: not restarted again
 
 
 class LocalStack:
@@ -76,17 +115,28 @@ class LocalStack:
         self.config = config
         self.progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.nats: NatsServer | None = None
-        self.procs: list[_Proc] = []
+        self.procs: list[_Proc] = []  # the services, in start order
         self.nats_url = config.nats_url or ""
         self.spans: SpanReceiver | None = None
+        self._broker: _Proc | None = None  # the nats-server this stack started
         self._env: dict[str, str] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._stop_requested = False  # NOTE: a plain flag: set from signal handlers
         self._supervisor: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested or self._stopping.is_set()
+
+    def request_stop(self) -> None:
+        """Ask a starting or running stack to stop (safe in a signal handler): no
+        restart happens after it, and :meth:`start` gives up with StackStopped."""
+        self._stop_requested = True
 
     def start(self, timeout: float = 300.0) -> LocalStack:
         cfg = self.config
@@ -94,12 +144,11 @@ class LocalStack:
         try:
             model_dir = resolve_model(cfg.model, log=self.progress)
             if not self.nats_url:
-                self.nats = NatsServer(log_file=cfg.log_dir / "nats-server.log").start()
-                self.nats_url = self.nats.url
-                self.progress(f"nats-server on {self.nats_url}")
+                self._start_broker()
             model_arg = str(model_dir) if cfg.model != DEFAULT_MODEL else DEFAULT_MODEL
             self._keep_spans()
             self._spawn_all(model_arg)
+            self._write_state()
             if cfg.supervise:
                 self._supervisor = threading.Thread(target=self._supervise, daemon=True,
                                                     name="stack-supervisor")
@@ -109,6 +158,15 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    def _start_broker(self) -> None:
+        cfg = self.config
+        self.nats = NatsServer(port=cfg.nats_port or None, host=cfg.nats_host,
+                               log_file=cfg.log_dir / f"{BROKER}.log").start()
+        self.nats_url = self.nats.url
+        nats = self.nats
+        self._broker = _Proc(BROKER, BROKER, nats.proc, nats.log_file, lambda: nats.start().proc)
+        self.progress(f"nats-server on {self.nats_url}")
 
     def _keep_spans(self) -> None:
         from libs.protocol.telemetry import tracing_requested
@@ -123,7 +181,7 @@ class LocalStack:
 
     def _spawn_all(self, model: str) -> None:
         cfg = self.config
-        threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // cfg.workers)
+        threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // max(1, cfg.workers))
         self._spawn("cache_index", [])
         self._spawn("tokenizer", ["--model", model])
         # NOTE: a fixed instance id: a restarted scheduler re-adopts its workers at once
@@ -139,19 +197,23 @@ class LocalStack:
 
     def _spawn(self, service: str, args: list[str], log_name: str | None = None) -> None:
         cfg = self.config
-        log = cfg.log_dir / f"{log_name or service}.log"
+        name = log_name or service
+        log = cfg.log_dir / f"{name}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **self._env)
         if service != "gpu_worker":
             env["OMP_NUM_THREADS"] = "1"
         cmd = [sys.executable, "-m", f"services.{service}", "--nats-url", self.nats_url,
                "--subject-prefix", cfg.subject_prefix, *args, *cfg.extra.get(service, [])]
-        self.procs.append(_Proc(log_name or service, _popen(cmd, env, log), log, cmd, env))
+        self.procs.append(_Proc(name, service, _popen(cmd, env, log, fresh=True), log,
+                                lambda: _popen(cmd, env, log, fresh=False), cmd))
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
-            self.check_alive()
+            if self.stopping:
+                raise StackStopped("stopped while starting")
+            self.check_alive(restarts_ok=True)
             status, body = self.health()
             if status == 200:
                 self.progress(f"gateway ready at {self.url}")
@@ -172,23 +234,31 @@ class LocalStack:
         except OSError:
             return 0, {}
 
-    def check_alive(self) -> None:
-        """Raise StackError if a service exited (a supervised one: past its restarts)."""
-        for proc in list(self.procs):
-            if proc.name in self.config.supervise and proc.restarts < self.config.max_restarts:
-                continue
+    def check_alive(self, restarts_ok: bool = False) -> None:
+        """Raise StackError if a process is down for good: in a crash loop, or not
+        supervised and exited. Unless ``restarts_ok``, any exit counts, restarted or not
+        (a test's stack that must not have crashed)."""
+        for proc in self._watched():
             code = proc.popen.poll()
-            if code is not None:
-                tail = proc.log.read_text(errors="replace")[-3000:] if proc.log.exists() else ""
-                raise StackError(f"{proc.name} exited with code {code}; log tail:\n{tail}")
+            if proc.failed:
+                window = self.config.restart.window_s
+                raise StackError(f"{proc.name} exited with code {proc.exit_code} after "
+                                 f"{len(proc.recent)} restarts within {window:g}s (a crash loop); "
+                                 f"log tail:\n{_tail(proc.log)}")
+            supervised = proc.service in self.config.supervise
+            if code is not None and not supervised:
+                raise StackError(f"{proc.name} exited with code {code}; log tail:\n{_tail(proc.log)}")
+            if not restarts_ok and (code is not None or proc.restarts):
+                raise StackError(f"{proc.name} exited (code {proc.exit_code if code is None else code}, "
+                                 f"restarted {proc.restarts} times); log tail:\n{_tail(proc.log)}")
 
     # -- processes, for fault tests and supervision ---------------------------------
 
     def proc(self, name: str) -> _Proc:
-        """The process named ``name`` (a service, or ``gpu_worker-<i>``)."""
-        found = [p for p in self.procs if p.name == name]
+        """The process named ``name`` (a service, ``gpu_worker-<i>`` or ``nats-server``)."""
+        found = [p for p in self._watched() if p.name == name]
         if not found:
-            raise KeyError(f"no process {name!r}; have {[p.name for p in self.procs]}")
+            raise KeyError(f"no process {name!r}; have {[p.name for p in self._watched()]}")
         return found[0]
 
     def pid(self, name: str) -> int:
@@ -201,26 +271,70 @@ class LocalStack:
         os.kill(pid, sig)
         return pid
 
+    def _watched(self) -> list[_Proc]:
+        return [*self.procs, *([self._broker] if self._broker is not None else [])]
+
     def _supervise(self) -> None:
-        while not self._stopping.wait(RESTART_POLL_S):
-            for proc in list(self.procs):
-                if (proc.name in self.config.supervise and proc.popen.poll() is not None
-                        and proc.restarts < self.config.max_restarts):
-                    self._restart(proc)
+        while not self._stopping.wait(RESTART_POLL_S) and not self.stopping:
+            for proc in self._watched():
+                if proc.service in self.config.supervise and not proc.failed:
+                    self._tend(proc)
+
+    def _tend(self, proc: _Proc) -> None:
+        """Notice an exit (schedule its restart, or give up: a crash loop), or restart."""
+        now = time.monotonic()
+        if proc.due is not None:
+            if now >= proc.due:
+                self._restart(proc)
+            return
+        code = proc.popen.poll()
+        if code is None:
+            return
+        policy = self.config.restart
+        proc.recent = [t for t in proc.recent if now - t < policy.window_s]
+        proc.exit_code = code
+        if len(proc.recent) >= policy.max_restarts:
+            proc.failed = True
+        else:
+            proc.due = now + policy.delay(len(proc.recent))
 
     def _restart(self, proc: _Proc) -> None:
         with self._lock:
-            if self._stopping.is_set():
+            if self.stopping:
                 return
-            code = proc.popen.returncode
-            proc.popen = _popen(proc.cmd, proc.env, proc.log)
+            now = time.monotonic()
+            try:
+                proc.popen = proc.spawn()
+            except Exception as exc:  # noqa: BLE001 - e.g. the broker's port is taken: retry later
+                proc.recent.append(now)
+                proc.due = None if len(proc.recent) >= self.config.restart.max_restarts else \
+                    now + self.config.restart.delay(len(proc.recent))
+                proc.failed = proc.due is None
+                self.progress(f"radixmesh: {proc.name} did not start again: {exc}")
+                return
             proc.restarts += 1
-            proc.restarted_at = time.monotonic()
-        self.progress(f"{proc.name} exited with code {code}; restarted "
-                      f"(pid {proc.popen.pid}, restart {proc.restarts})")
+            proc.recent.append(now)
+            proc.restarted_at, proc.due = now, None
+        policy = self.config.restart
+        self.progress(f"radixmesh: {proc.name} {_exit_text(proc.exit_code)}; restarted as pid "
+                      f"{proc.popen.pid} (restart {len(proc.recent)} of {policy.max_restarts} "
+                      f"allowed per {policy.window_s:g}s)")
+        self._write_state()
+
+    def _write_state(self) -> None:
+        """``log_dir/stack.json``: the launcher's pid, the URLs and every process's pid."""
+        delay_ms = float(self._env.get("OTEL_BSP_SCHEDULE_DELAY") or 0)
+        state = {"pid": os.getpid(), "url": self.url, "nats_url": self.nats_url,
+                 "spans": self.spans is not None, "span_export_delay_s": delay_ms / 1000,
+                 "processes": {p.name: p.popen.pid for p in self._watched()}}
+        path = self.config.log_dir / STATE_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1) + "\n")
+        tmp.replace(path)
 
     def kill_nats(self) -> None:
-        """kill -9 the stack's own nats-server (services keep trying to reconnect)."""
+        """kill -9 the stack's own nats-server (services keep trying to reconnect;
+        a supervised one is restarted)."""
         if self.nats is None or self.nats.proc is None:
             raise StackError("this stack does not run its own nats-server")
         self.nats.proc.kill()
@@ -228,25 +342,33 @@ class LocalStack:
 
     def start_nats(self) -> None:
         """Start nats-server again on the same port (after :meth:`kill_nats`)."""
-        if self.nats is None:
+        if self.nats is None or self._broker is None:
             raise StackError("this stack does not run its own nats-server")
-        self.nats.start()
+        with self._lock:
+            if self.nats.proc is None or self.nats.proc.poll() is not None:
+                self._broker.popen = self.nats.start().proc
 
     def stop(self) -> None:
+        """Stop in order: no more restarts, the services (SIGTERM, then SIGKILL after
+        ``stop_timeout_s``), the span receiver, the broker."""
         self._stopping.set()
+        with self._lock:  # NOTE: waits out a restart in progress; none starts after this
+            pass
         if self._supervisor is not None:
             self._supervisor.join(timeout=5)
             self._supervisor = None
         for proc in reversed(self.procs):
             if proc.popen.poll() is None:
                 proc.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + self.config.stop_timeout_s
         for proc in reversed(self.procs):
             try:
                 proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait()
+            if proc.popen.returncode not in (0, None) and proc.due is None and not proc.failed:
+                self.progress(f"radixmesh: {proc.name} {_exit_text(proc.popen.returncode)} while stopping")
         self.procs.clear()
         if self.spans is not None:  # NOTE: after the services, which flush spans at exit
             self.spans.stop()
@@ -254,6 +376,8 @@ class LocalStack:
         if self.nats:
             self.nats.stop()
             self.nats = None
+        self._broker = None
+        (self.config.log_dir / STATE_FILE).unlink(missing_ok=True)
 
     def __enter__(self) -> LocalStack:
         return self.start()
@@ -262,13 +386,37 @@ class LocalStack:
         self.stop()
 
 
-def _popen(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    out = open(log, "ab")
+def _popen(cmd: list[str], env: dict[str, str], log: Path, fresh: bool) -> subprocess.Popen:
+    """Start ``cmd`` writing to ``log``: emptied first (``fresh``: this run's first
+    start) or appended to after a marker line (a restart)."""
+    out = open(log, "wb" if fresh else "ab")
     try:
+        if not fresh:
+            out.write(f"--- radixmesh: restarted at {time.strftime('%H:%M:%S')} ---\n".encode())
+            out.flush()
+        # NOTE: its own process group: a terminal's Ctrl-C reaches only the launcher,
+        # which stops the services before the broker
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd=Path(__file__).resolve().parent.parent)
+                                cwd=Path(__file__).resolve().parent.parent, process_group=0)
     finally:
         out.close()
+
+
+def _tail(log: Path | None, chars: int = 3000) -> str:
+    if log is None or not log.exists():
+        return ""
+    with open(log, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
+        return f.read().decode(errors="replace")
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
 
 
 def _json(data: bytes) -> dict:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -260,9 +262,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the trace's spans as JSON lines")
 
 
+def export_delay(log_dir: Path) -> float:
+    """How long spans of a request that just ended may still be on their way to
+    ``log_dir``: the running stack's export delay plus a margin (0: no stack runs)."""
+    try:
+        state = json.loads((log_dir / "stack.json").read_text())
+        os.kill(int(state["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+    return float(state.get("span_export_delay_s", 0.5)) + 0.5 if state.get("spans") else 0.0
+
+
+def newest_spans(log_dir: Path, key: str, clock=time.monotonic, sleep=time.sleep) -> list[dict]:
+    """The spans kept in ``log_dir`` once those of a request that just ended are in.
+
+    NOTE: services export spans in batches every ``OTEL_BSP_SCHEDULE_DELAY``, so
+    right after a request its spans are not in the file yet: ``last`` waits out the
+    delay, a request id is polled for until then."""
+    delay = export_delay(log_dir)
+    if key == "last":
+        sleep(delay)
+        return load_spans(log_dir)
+    deadline = clock() + delay
+    spans = load_spans(log_dir)
+    while not find_trace(spans, key) and clock() < deadline:
+        sleep(0.2)
+        spans = load_spans(log_dir)
+    return spans
+
+
 def run(args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir)
-    spans = load_spans(log_dir)
+    spans = newest_spans(log_dir, args.request)
     if not spans:
         print(f"radixmesh: no spans in {log_dir / SPANS_FILE}: start the stack with `radixmesh up` "
               "(it keeps spans unless --no-traces), or read traces in Jaeger when OTEL_* points there")
