@@ -120,6 +120,7 @@ class StreamClient:
         record.prompt_tokens = meta["prompt_tokens"]
         record.completion_tokens = meta["completion_tokens"]
         record.cached_tokens = meta.get("cached_tokens") or 0
+        record.cached_host_tokens = (meta.get("cached_tokens_details") or {}).get("host") or 0
         record.finish_reason = (meta.get("finish_reason") or {}).get("type")
         record.server_ttft_s = meta.get("ttft_s")
         record.worker = meta.get("worker") or record.worker
@@ -148,8 +149,9 @@ class StreamClient:
         if record.error is None:
             record.prompt_tokens = usage["prompt_tokens"]
             record.completion_tokens = usage["completion_tokens"]
-            record.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
-                "cached_tokens") or 0
+            details = usage.get("prompt_tokens_details") or {}
+            record.cached_tokens = details.get("cached_tokens") or 0
+            record.cached_host_tokens = (details.get("cached_tokens_details") or {}).get("host") or 0
 
 
 async def _events(http: httpx.AsyncClient, path: str, body: dict, record: Record,

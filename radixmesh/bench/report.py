@@ -21,6 +21,7 @@ _COLUMNS = (
     ("TPOT p50 (ms)", "tpot_p50_ms", "{:.1f}"),
     ("TPOT p90 (ms)", "tpot_p90_ms", "{:.1f}"),
     ("cache hit", "cache_hit_rate", "{:.1%}"),
+    ("of it from host", "host_hit_rate", "{:.1%}"),
     ("worker idle", "worker_idle", "{:.1%}"),
 )
 

@@ -40,6 +40,7 @@ class Summary:
     cached_tokens: int
     completion_tokens: int
     cache_hit_rate: float  # cached prompt tokens / prompt tokens
+    host_hit_rate: float = 0.0  # of the prompt tokens: loaded back from the host tier
     worker_idle: float = math.nan  # share of the run the workers waited between steps
 
 
@@ -53,6 +54,7 @@ def summarize(system: str, records: list[Record], duration_s: float,
     e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
+    from_host = sum(r.cached_host_tokens for r in ok)
     completion = sum(r.completion_tokens for r in ok)
     per_s = (lambda n: n / duration_s) if duration_s > 0 else (lambda n: math.nan)
     ms = lambda values, q: percentile(values, q) * 1000  # noqa: E731
@@ -65,5 +67,6 @@ def summarize(system: str, records: list[Record], duration_s: float,
         itl_p50_ms=ms(itl, 50), itl_p99_ms=ms(itl, 99),
         e2e_p50_ms=ms(e2e, 50), e2e_p90_ms=ms(e2e, 90),
         prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
-        cache_hit_rate=cached / prompt if prompt else math.nan, worker_idle=worker_idle,
+        cache_hit_rate=cached / prompt if prompt else math.nan,
+        host_hit_rate=from_host / prompt if prompt else math.nan, worker_idle=worker_idle,
     )

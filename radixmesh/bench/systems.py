@@ -5,6 +5,9 @@
 - ``radixmesh-no-overlap``: a stack whose scheduler plans each step after the
   previous one's result (``--disable-overlap-schedule``);
 - ``hf-generate``: HF transformers ``generate`` in-process, sequentially;
+- ``radixmesh-host-tier``: a stack whose workers keep a host KV pool of
+  ``HOST_TIER_RATIO`` x their device pool (the host tier: evicted prefixes are
+  demoted there and loaded back);
 - ``radixmesh-<policy>``: a stack whose cache index routes with ``<policy>``
   (``cache_aware``, ``round_robin``, ``least_load``, ``random``, ``prefix_hash``).
 """
@@ -27,7 +30,9 @@ from .tokens import ChatTokenizer
 from .workload import Workload
 from .workloads import RandomParams, build_random
 
-SYSTEMS = ("radixmesh", "radixmesh-no-cache", "radixmesh-no-overlap", "hf-generate")
+SYSTEMS = ("radixmesh", "radixmesh-no-cache", "radixmesh-no-overlap", "radixmesh-host-tier",
+           "hf-generate")
+HOST_TIER_RATIO = 3
 ROUTING_POLICIES = ("cache_aware", "round_robin", "least_load", "random", "prefix_hash")
 DEFAULT_SYSTEMS = ("radixmesh", "radixmesh-no-cache", "hf-generate")
 NO_CACHE_FLAG = "--disable-radix-cache"
@@ -45,6 +50,7 @@ class SystemPlan:
     kind: str  # "url" | "stack" | "hf"
     scheduler_flags: tuple[str, ...] = ()
     index_flags: tuple[str, ...] = ()
+    host_ratio: int = 0  # workers get a host KV pool of this many times their device pool
 
 
 @dataclass
@@ -86,11 +92,13 @@ def plan_systems(wanted: list[str], url: str | None) -> Plan:
                                   f"{NO_CACHE_FLAG} flag yet (no prefix cache to turn off)")
             else:
                 plan.systems.append(SystemPlan(name, "stack", (NO_CACHE_FLAG,)))
-        elif name == "radixmesh-no-overlap":
+        elif name in ("radixmesh-no-overlap", "radixmesh-host-tier"):
             if url:
                 plan.notes.append(f"{name} skipped: it needs a stack started by the harness")
-            else:
+            elif name == "radixmesh-no-overlap":
                 plan.systems.append(SystemPlan(name, "stack", (NO_OVERLAP_FLAG,)))
+            else:
+                plan.systems.append(SystemPlan(name, "stack", host_ratio=HOST_TIER_RATIO))
         else:
             plan.systems.append(SystemPlan(name, "hf"))
     return plan
@@ -144,6 +152,8 @@ def run_stack(plan: SystemPlan, stack_kwargs: dict, log_dir: Path, startup_timeo
         extra["scheduler"] = list(plan.scheduler_flags)
     if plan.index_flags:
         extra["cache_index"] = list(plan.index_flags)
+    if plan.host_ratio:
+        extra["gpu_worker"] = ["--host-kv-slots", str(plan.host_ratio * stack_kwargs["kv_slots"])]
     config = ephemeral_stack_config(log_dir, extra=extra, **stack_kwargs)
     stack = LocalStack(config, progress=lambda msg: None)
     try:

@@ -6,6 +6,9 @@
 - ``multi-doc``: several documents x several questions, interleaved, more
   document tokens in total than one worker's KV cache holds by default.
 - ``multi-turn``: chat sessions growing turn by turn.
+- ``tiered-docs``: documents asked over and over, in a cycle (which defeats LRU)
+  or by Zipf popularity, whose working set is several times a worker's KV pool
+  (run with a small ``--kv-slots``): what memory tiers are for.
 - ``random``: no sharing at all (the control).
 """
 
@@ -48,6 +51,16 @@ class MultiDocParams:
     questions_per_doc: int = 4
     question_tokens: int = 40
     max_tokens: int = 48
+
+
+@dataclass(frozen=True)
+class TieredDocsParams:
+    docs: int = 16  # 16 x 1500 tokens: ~3x a device pool of --kv-slots 8192
+    doc_tokens: int = 1500
+    requests: int = 48
+    zipf_x100: int = 0  # 0: cyclic order; else Zipf popularity with exponent zipf_x100 / 100
+    question_tokens: int = 40
+    max_tokens: int = 16
 
 
 @dataclass(frozen=True)
@@ -121,12 +134,7 @@ def build_handbook(p: HandbookParams, seed: int, tok: ChatTokenizer) -> Workload
 
 def build_multi_doc(p: MultiDocParams, seed: int, tok: ChatTokenizer) -> Workload:
     gen = TextGen(np.random.default_rng(seed))
-    systems, titles = [], []
-    for d in range(p.docs):
-        doc, sections = handbook(gen, tok.count, p.doc_tokens)
-        doc = doc.replace("# Employee Handbook", f"# Handbook of site {d + 1}", 1)
-        systems.append(Message.text("system", INSTRUCTIONS + doc))
-        titles.append(sections)
+    systems, titles = _documents(gen, tok, p.docs, p.doc_tokens)
     requests = []
     for q in range(p.questions_per_doc):
         for d in gen.rng.permutation(p.docs):
@@ -137,6 +145,33 @@ def build_multi_doc(p: MultiDocParams, seed: int, tok: ChatTokenizer) -> Workloa
     doc_tokens = [tok.count(s.parts[0]) for s in systems]
     return Workload("multi-doc", requests, dataclasses.asdict(p), _info(
         tok, requests, doc_tokens_total=int(sum(doc_tokens))))
+
+
+def build_tiered_docs(p: TieredDocsParams, seed: int, tok: ChatTokenizer) -> Workload:
+    gen = TextGen(np.random.default_rng(seed))
+    systems, titles = _documents(gen, tok, p.docs, p.doc_tokens)
+    if p.zipf_x100:
+        weights = 1.0 / np.arange(1, p.docs + 1) ** (p.zipf_x100 / 100)
+        order = gen.rng.choice(p.docs, size=p.requests, p=weights / weights.sum())
+    else:
+        order = np.arange(p.requests) % p.docs
+    requests = []
+    for i, d in enumerate(order.tolist()):
+        ask = Message.text("user", _question(gen, tok, p.question_tokens, gen.pick(tuple(titles[d]))))
+        requests.append(RequestSpec(f"doc{d}-r{i}", "question", (systems[d], ask), p.max_tokens))
+    return Workload("tiered-docs", requests, dataclasses.asdict(p), _info(
+        tok, requests, doc_tokens_total=int(sum(tok.count(s.parts[0]) for s in systems))))
+
+
+def _documents(gen: TextGen, tok: ChatTokenizer, count: int, tokens: int):
+    """``count`` different handbooks as system messages, and their section titles."""
+    systems, titles = [], []
+    for d in range(count):
+        doc, sections = handbook(gen, tok.count, tokens)
+        doc = doc.replace("# Employee Handbook", f"# Handbook of site {d + 1}", 1)
+        systems.append(Message.text("system", INSTRUCTIONS + doc))
+        titles.append(sections)
+    return systems, titles
 
 
 def build_multi_turn(p: MultiTurnParams, seed: int, tok: ChatTokenizer) -> Workload:
@@ -185,6 +220,8 @@ WORKLOADS: dict[str, WorkloadKind] = {
         docs=3, doc_tokens=400, questions_per_doc=3, max_tokens=16), build_multi_doc),
     "multi-turn": WorkloadKind(MultiTurnParams, MultiTurnParams(
         sessions=3, turns=3, context_tokens=200, max_tokens=16), build_multi_turn),
+    "tiered-docs": WorkloadKind(TieredDocsParams, TieredDocsParams(
+        docs=4, doc_tokens=300, requests=8, max_tokens=8), build_tiered_docs),
     "random": WorkloadKind(RandomParams, RandomParams(
         requests=10, min_prompt_tokens=100, max_prompt_tokens=600, max_tokens=16), build_random),
 }

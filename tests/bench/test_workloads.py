@@ -101,3 +101,16 @@ def test_workload_rejects_children_before_parents():
     with pytest.raises(ValueError, match="duplicate"):
         Workload("x", [parent, parent])
     assert Workload("x", [parent, child]).roots == [parent]
+
+
+def test_tiered_docs_cycle_and_zipf(chat_tok):
+    cyclic = build_workload("tiered-docs", chat_tok, seed=0,
+                            overrides={"docs": "4", "doc_tokens": "200", "requests": "12"})
+    docs = [s.id.split("-")[0] for s in cyclic.requests]
+    assert docs == ["doc0", "doc1", "doc2", "doc3"] * 3  # a cycle: the worst case for LRU
+    assert 4 * 200 <= cyclic.info["doc_tokens_total"] < 4 * 400  # with the instructions
+    assert cyclic.info["root_ideal_hit_rate"] > 0.5  # every document is asked three times
+    zipf = build_workload("tiered-docs", chat_tok, seed=0, overrides={
+        "docs": "8", "doc_tokens": "100", "requests": "200", "zipf_x100": "120"})
+    counts = [sum(s.id.startswith(f"doc{d}-") for s in zipf.requests) for d in range(8)]
+    assert counts[0] > 2 * counts[7] and sum(counts) == 200  # popular documents first
