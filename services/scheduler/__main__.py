@@ -12,6 +12,7 @@ from libs.protocol.service import (
 )
 
 from .config import CoreConfig
+from .host_tier import WRITE_POLICIES
 from .policy import POLICIES
 from .service import Adopter, SchedulerConfig
 
@@ -37,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-overlap-schedule", action="store_true",
                    default=env("RADIXMESH_DISABLE_OVERLAP_SCHEDULE", "") not in ("", "0"),
                    help="wait for each step's result before planning the next")
+    p.add_argument("--host-write-policy", choices=WRITE_POLICIES, default="write_back",
+                   help="with a worker host pool (--host-kv-slots): copy a prefix down to it "
+                        "on eviction, as soon as it is cached, or at its second hit")
     p.add_argument("--retract-interval", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--max-workers", type=int, default=0, help="0: adopt every free worker")
     p.add_argument("--lease-s", type=float, default=5.0)
@@ -56,6 +60,7 @@ def build_config(args: argparse.Namespace) -> SchedulerConfig:
             eviction_policy=args.eviction_policy,
             retract_interval=args.retract_interval,
             overlap=not args.disable_overlap_schedule,
+            host_write_policy=args.host_write_policy,
         ),
         max_workers=args.max_workers, lease_s=args.lease_s,
         forward_timeout=args.forward_timeout,

@@ -19,3 +19,4 @@ class CoreConfig:
     new_token_ratio_decay: float = 0.002
     retract_interval: int = 0  # testing: retract one running request every N steps
     overlap: bool = True  # plan and send step N+1 while the worker runs step N
+    host_write_policy: str = "write_back"  # host tier: when a device node is copied down

@@ -47,7 +47,8 @@ class SchedulerCore:
         self.config = config
         self.events = EventLog(info.worker_id, config.page_size)
         # NOTE: the worker's host pool becomes the tree's lower tier (evictions demote to it)
-        self.host = HostTier(info.host_kv_slots) if info.host_kv_slots and config.enable_cache else None
+        self.host = (HostTier(info.host_kv_slots, config.host_write_policy)
+                     if info.host_kv_slots and config.enable_cache else None)
         self.cache = KVCache(info.kv_slots, config.enable_cache, config.page_size,
                              config.eviction_policy, self.events.record, self.host)
         self.rows = RowAllocator(info.max_requests)

@@ -21,8 +21,18 @@ from libs.protocol.messages import KVCopy
 from .allocator import SlotAllocator
 
 
+WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+
+
 class HostTier:
-    def __init__(self, num_slots: int) -> None:
+    """``write_policy`` (SGLang's): ``write_back`` copies a node down when it is
+    evicted; ``write_through`` as soon as it is stored; ``write_through_selective``
+    at its second hit, so only reused prefixes spend host bandwidth early."""
+
+    def __init__(self, num_slots: int, write_policy: str = "write_back") -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"unknown host write policy {write_policy!r}; choose from {WRITE_POLICIES}")
+        self.write_policy = write_policy
         self.slots = SlotAllocator(num_slots)
         self._copies: list[KVCopy] = []
         self.demoted = self.loaded = 0  # tokens copied down / back up
@@ -31,7 +41,7 @@ class HostTier:
     def num_free(self) -> int:
         return self.slots.num_free
 
-    def demote(self, device_slots: np.ndarray) -> np.ndarray | None:
+    def copy_down(self, device_slots: np.ndarray) -> np.ndarray | None:
         """Copy these device slots' KV to host slots (None: the host pool is full)."""
         if len(device_slots) > self.slots.num_free:
             return None
@@ -39,6 +49,11 @@ class HostTier:
         self._copies.append(KVCopy(kind="d2h", src=device_slots.tolist(), dst=host.tolist()))
         self.demoted += len(host)
         return host
+
+    def backs_up(self, hits: int) -> bool:
+        if self.write_policy == "write_through":
+            return True
+        return self.write_policy == "write_through_selective" and hits >= 2
 
     def load(self, host_slots: np.ndarray, device_slots: np.ndarray) -> None:
         """Copy host KV back into device slots (the host copy stays valid)."""

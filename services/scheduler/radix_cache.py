@@ -55,6 +55,8 @@ class RadixCache:
                 lower += n
                 lower_parts.append(child.lower)
                 continue
+            if self.tier is not None and self.tier.backs_up(child.hits):
+                self._back_up(child)
             parts.append(child.value)
             node, pos = child, pos + n
         slots = np.concatenate(parts) if parts else EMPTY
@@ -136,7 +138,7 @@ class RadixCache:
             parent = leaf.parent
             lower = leaf.lower  # NOTE: a copy made earlier is still valid: KV never changes
             if lower is None and self.tier is not None:
-                lower = self.tier.demote(leaf.value)
+                lower = self.tier.copy_down(leaf.value)
             if lower is None:
                 self._drop(leaf)
             else:
@@ -241,7 +243,15 @@ class RadixCache:
         parent.children[self._page(key, 0)] = leaf
         self._evictable += len(key)
         self.on_event("stored", parent.namespace, hashes)
+        if self.tier is not None and self.tier.backs_up(0):
+            self._back_up(leaf)
         return leaf
+
+    def _back_up(self, node: TreeNode) -> None:
+        """A copy in the lower tier while the node stays on the device (write-through).
+        NOTE: copies run before the next step's forward, after the one writing it."""
+        if node.lower is None:
+            node.lower = self.tier.copy_down(node.value)
 
     def _drop(self, node: TreeNode) -> None:
         """Remove ``node`` (off the device or a device leaf) and the lower-tier

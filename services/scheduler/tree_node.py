@@ -16,8 +16,12 @@ EMPTY = np.empty(0, np.int64)
 class LowerTier(Protocol):
     """Where evicted pages may go instead of being dropped (the memory-tiers seam)."""
 
-    def demote(self, device_slots: np.ndarray) -> np.ndarray | None:
+    def copy_down(self, device_slots: np.ndarray) -> np.ndarray | None:
         """Take a copy of these device slots' KV; its slots, or None to refuse."""
+
+    def backs_up(self, hits: int) -> bool:
+        """Copy a device node down ahead of eviction (write-through) once it has
+        ``hits`` matches (0: when it is stored)."""
 
     def load(self, slots: np.ndarray, device_slots: np.ndarray) -> None:
         """Copy KV of these slots of the tier back into device slots."""

@@ -30,8 +30,6 @@ class SlotWorker:
             src, dst = (self.kv, self.host) if copy.kind == "d2h" else (self.host, self.kv)
             assert (src[copy.src] >= 0).all(), f"{copy.kind} of slots nobody wrote"
             dst[copy.dst] = src[copy.src]
-            if copy.kind == "d2h":
-                self.kv[copy.src] = -1  # NOTE: freed on the device: reading it now would show
         for new in batch.new_rows:
             self.table[new.row, : len(new.prefix_slots)] = new.prefix_slots
             self.last[new.row] = -1

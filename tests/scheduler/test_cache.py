@@ -18,12 +18,15 @@ class HostSlots:
         self.slots = SlotAllocator(n)
         self.copies: list[tuple[list[int], list[int]]] = []  # (device, host) copies asked
 
-    def demote(self, device_slots: np.ndarray) -> np.ndarray | None:
+    def copy_down(self, device_slots: np.ndarray) -> np.ndarray | None:
         if len(device_slots) > self.slots.num_free:
             return None
         host = self.slots.alloc(len(device_slots))
         self.copies.append((device_slots.tolist(), host.tolist()))
         return host
+
+    def backs_up(self, hits: int) -> bool:
+        return False
 
     def free(self, slots: np.ndarray) -> None:
         self.slots.free(slots)

@@ -86,3 +86,23 @@ def test_copies_ride_steps_sent_ahead():
                        max_requests=8, chunked_prefill_size=16, host_slots=1024)
     ahead.pop("_ahead")
     assert ahead == sync
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through", "write_through_selective"])
+def test_write_policies_keep_outputs_and_copy_when_they_say(policy):
+    prompts = cyclic_documents(n_docs=12, rounds=2)
+    reference, _ = run_waves(prompts, enable_cache=False, kv_slots=4096)
+    tight, tiered = run_waves(prompts, kv_slots=160, page_size=4, host_slots=2048,
+                              host_write_policy=policy)
+    assert tight == reference and tiered.host.loaded > 0
+    # with room for everything nothing is evicted: only write-through copies down
+    _, roomy = run_waves(cyclic_documents(n_docs=12, rounds=3), kv_slots=4096, page_size=4,
+                         host_slots=8192, host_write_policy=policy)
+    stored = roomy.cache.tree.size_info().total
+    copied = roomy.host.demoted
+    if policy == "write_back":
+        assert copied == 0
+    elif policy == "write_through":
+        assert copied == stored  # every cached token has its host copy
+    else:
+        assert 0 < copied < stored  # only prefixes matched twice (the documents, third round)
