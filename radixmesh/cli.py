@@ -5,24 +5,39 @@ shows a request's spans."""
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import signal
 import sys
 import time
 from pathlib import Path
 
+from . import cli_config
 from . import trace as trace_cli
 from .bench import cli as bench_cli
 from .launcher import LocalStack, StackConfig, StackError, StackStopped
 from .simulate import cli as simulate_cli
 
 
-def _up(args: argparse.Namespace) -> int:
+def _up(given: argparse.Namespace, own: dict[str, argparse.Action],
+        options: list[cli_config.Option]) -> int:
+    try:
+        merged = cli_config.resolve(given, own, options, cli_config.environ(),
+                                    cli_config.load_file(given.config), given.config or "")
+    except cli_config.ConfigError as exc:
+        print(f"radixmesh: {exc}", file=sys.stderr)
+        return 2
+    if given.print_config:
+        print(cli_config.to_toml(cli_config.masked(merged, options)), end="")
+        return 0
+    extra, env = cli_config.service_argv(merged, options)
+    args = argparse.Namespace(**merged["up"])
     config = StackConfig(
         model=args.model, workers=args.workers, host=args.host, port=args.port,
         nats_url=os.environ.get("NATS_URL") or None, log_dir=Path(args.log_dir),
         dtype=args.dtype, kv_slots=args.kv_slots, threads_per_worker=args.threads,
         traces=not args.no_traces, nats_port=args.nats_port, nats_host=args.nats_host,
+        extra=extra, env=env,
     )
     stack = LocalStack(config)
 
@@ -57,7 +72,9 @@ def _up(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixmesh")
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start nats-server and every service locally")
+    up = sub.add_parser("up", help="start nats-server and every service locally",
+                        description=cli_config.DESCRIPTION,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     up.add_argument("--model", default="default",
                     help="local HF model directory, or 'default' (SmolLM2-135M-Instruct)")
     up.add_argument("--workers", type=int, default=1, help="number of gpu_worker processes")
@@ -75,6 +92,26 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--startup-timeout", type=float, default=300.0)
     up.add_argument("--no-traces", action="store_true",
                     help="do not keep spans in <log-dir>/spans.jsonl (for `radixmesh trace`)")
+    # NOTE: every own default moves into `own`: unset (None) here, the environment or
+    # --config may set it
+    own = {a.dest: copy.copy(a) for a in up._actions if a.dest != "help"}
+    for action in up._actions:
+        if action.dest in own:
+            shown = f" (default: {action.default})" if action.default not in (None, False) else ""
+            env = cli_config.ENV_PREFIX + action.dest.upper()
+            action.help = f"{action.help or ''}{shown}; env {env}".lstrip("; ").replace("%", "%%")
+        action.default = None
+    up.add_argument("--config", metavar="FILE.toml",
+                    help="options from a TOML file: a table per service "
+                         "([scheduler] schedule-policy = \"lpm\"), [up] for the ones above")
+    up.add_argument("--print-config", action="store_true",
+                    help="print the merged configuration (a --config file) and exit")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    options: list[cli_config.Option] = []
+    if argv[:1] == ["up"]:  # NOTE: reading the services' parsers imports them (torch: ~2 s)
+        options = cli_config.service_options(reserved=frozenset(
+            s for a in up._actions for s in a.option_strings))
+        cli_config.add_service_arguments(up, options)
     bench = sub.add_parser("bench", help="benchmark the stack against baselines, side by side",
                            description=bench_cli.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     trace_cli.add_arguments(tr)
     args = parser.parse_args(argv)
     if args.command == "up":
-        return _up(args)
+        return _up(args, own, options)
     if args.command == "bench":
         return bench_cli.run(args)
     if args.command == "simulate":

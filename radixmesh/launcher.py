@@ -81,6 +81,7 @@ class StackConfig:
     kv_slots: int = 32768
     threads_per_worker: int = 0  # 0: cores / workers
     extra: dict[str, list[str]] = field(default_factory=dict)  # service -> extra flags
+    env: dict[str, str] = field(default_factory=dict)  # for every service (secrets: not in argv)
     # keep every span in log_dir/spans.jsonl (for `radixmesh trace`), unless the
     # environment already sends them somewhere (OTEL_EXPORTER_OTLP_*ENDPOINT)
     traces: bool = False
@@ -199,7 +200,8 @@ class LocalStack:
         cfg = self.config
         name = log_name or service
         log = cfg.log_dir / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **self._env)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **self._env,
+                   **cfg.env)
         if service != "gpu_worker":
             env["OMP_NUM_THREADS"] = "1"
         cmd = [sys.executable, "-m", f"services.{service}", "--nats-url", self.nats_url,

@@ -2,7 +2,7 @@
 ports, the real default model, its own nats-server. Two workers serve ten greedy
 chat streams while one worker is killed with SIGKILL: all ten finish as in an
 undisturbed run, the launcher restarts the worker and it serves again; the
-tokenizer and the cache index come back the same way; `radixmesh trace last`
+tokenizer, the cache index and nats-server come back the same way; `radixmesh trace last`
 shows the newest request; Ctrl-C stops everything in order and exits 0.
 
 The tests run in file order on one stack (starting one costs most of the time)."""
@@ -45,7 +45,7 @@ class Up:
         # NOTE: float32: greedy bf16 output can flip at near-ties between a decode and the
         # prefill that resumes it elsewhere, so only fp32 output is compared
         cmd = [sys.executable, "-m", "radixmesh.cli", "up", "--workers", "2", "--threads", "1",
-               "--dtype", "float32", "--kv-slots", "4096", "--port", str(self.port), "--nats-port", str(self.nats_port),
+               "--dtype", "float32", "--kv-slots", "4096", "--max-tokens-cap", "512", "--port", str(self.port), "--nats-port", str(self.nats_port),
                "--log-dir", str(self.log_dir)]
         with open(self.out, "wb") as out:
             # NOTE: a session of its own, as a shell job: Ctrl-C is a SIGINT to its group
@@ -207,7 +207,7 @@ async def test_a_killed_worker_loses_no_stream_and_serves_again_after_its_restar
           f"kill; the restarted worker served {serving_s:.1f}s after it")
 
 
-@pytest.mark.parametrize("service", ["tokenizer", "cache_index"])
+@pytest.mark.parametrize("service", ["tokenizer", "cache_index", "nats-server"])
 async def test_a_killed_service_is_restarted_and_serves(up, service):
     before = up.children()[service]
     os.kill(before, signal.SIGKILL)
@@ -215,7 +215,8 @@ async def test_a_killed_service_is_restarted_and_serves(up, service):
     line = up.wait_for_output(rf"radixmesh: {service} was killed by SIGKILL; restarted as pid (\d+)", 15)
     async with httpx.AsyncClient(base_url=up.url, timeout=60) as client:
         # NOTE: each request needs the tokenizer; with the index down the gateway
-        # routes by its own load view, so wait for the index itself to answer
+        # routes by its own load view, so wait for the index itself to answer; after
+        # a broker restart every service reconnects by itself
         await health_until(client, "ok", 60)
         await served_by(client, 60)
         serving_s = time.monotonic() - killed
@@ -232,6 +233,12 @@ async def test_trace_last_shows_the_request_just_made(up):
                             str(up.log_dir)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert f"request {rid} " in shown.stdout.splitlines()[0], shown.stdout
+
+
+async def test_a_service_option_given_to_up_reaches_the_service(up):
+    async with httpx.AsyncClient(base_url=up.url, timeout=60) as client:
+        resp = await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 600})
+    assert resp.status_code == 400 and "512" in resp.json()["error"]["message"]  # the gateway's cap
 
 
 def test_ctrl_c_stops_services_then_the_broker_and_exits_0(up):
