@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from radixmesh.launcher import LocalStack, RestartPolicy, StackError, ephemeral_stack_config
+from radixmesh.launcher import LocalStack, RestartPolicy, StackError, StackStopped, ephemeral_stack_config
 
 pytestmark = pytest.mark.slow  # starts real service processes
 
@@ -32,3 +34,16 @@ def test_a_crash_loop_ends_the_stack_with_this_runs_log_tail(tmp_path):
     log = (tmp_path / "cache_index.log").read_text()
     assert log.count("--- radixmesh: restarted at") == 2 and log.count("--no-such-flag") == 3
     assert not (tmp_path / "stack.json").exists() and stack.procs == []
+
+
+def test_a_stop_asked_for_while_starting_ends_the_start_and_restarts_nothing(tmp_path):
+    config = ephemeral_stack_config(tmp_path, workers=0)  # never healthy: start() waits
+    stack = LocalStack(config, progress=lambda m: None)
+    stopper = threading.Timer(3.0, stack.request_stop)  # what radixmesh up's SIGINT handler does
+    stopper.start()
+    with pytest.raises(StackStopped):
+        stack.start(timeout=120)
+    stopper.join()
+    assert stack.procs == [] and stack.nats is None
+    assert not (tmp_path / "stack.json").exists()
+    assert "restarted" not in (tmp_path / "scheduler.log").read_text()
