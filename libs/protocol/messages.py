@@ -164,6 +164,7 @@ class LoadReport(Base, tag="load.v1"):
     queued_prefill_tokens: int = 0  # prompt tokens waiting or still to prefill
     prefill_tps: float = 0.0  # measured prefill tokens/s (0: not measured yet)
     decode_step_s: float = 0.0  # measured duration of a decode-only step
+    host_load_tps: float = 0.0  # measured tokens/s loaded back from the host tier (0: unknown)
     alive: bool = True  # False: the scheduler let this worker go; route elsewhere now
     session: str = ""  # random per adoption: a new value means earlier requests were lost
 
@@ -293,11 +294,14 @@ class FlushReply(Base, tag="flush_reply.v1"):
 
 
 class KVEvent(Base, array_like=True):
-    """Pages stored in or removed from a worker's prefix cache, or a full clear."""
+    """Pages stored in or removed from one medium of a worker's prefix cache, or a
+    full clear. A page moving down is stored in the new medium before it is removed
+    from the old one."""
 
     kind: Literal["stored", "removed", "cleared"]
     namespace: str
     block_hashes: list[int]
+    medium: Literal["device", "host"] = "device"
 
 
 class SnapshotRequest(Base, tag="snapshot.v1"):
@@ -311,7 +315,8 @@ class KVSnapshot(Base, tag="snapshot_reply.v1"):
     epoch: int
     seq: int
     page_size: int
-    block_hashes: list[int]
+    block_hashes: list[int]  # pages on the device
+    host_hashes: list[int] = []  # pages with a copy in the host tier (some also on the device)
 
 
 class KVEventBatch(Base, tag="kv_events.v1"):
@@ -459,3 +464,4 @@ class ForwardResult(Base, tag="forward_result.v1"):
     top_ids: list[int] = []
     top_logprobs: list[float] = []
     top_k: int = 0
+    copy_ms: float = 0.0  # of forward_ms: the step's KV copies

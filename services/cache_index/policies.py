@@ -2,9 +2,10 @@
 
 ``cache_aware`` scores each worker in seconds: the predicted time to first token
 (prefill tokens queued there plus this request's uncached ones, over the
-worker's measured prefill rate, plus one decode step) plus the cost of the
-recomputation itself (uncached tokens over the rate: capacity every later
-request loses). If the worker it prefers is badly overloaded compared with the
+worker's measured prefill rate, plus its host-tier tokens over its measured
+load-back rate, plus one decode step) plus the cost of the recomputation itself
+(uncached tokens over the rate: capacity every later request loses). Every tier
+is credited at the worker's own measured cost, never a fixed weight. If the worker it prefers is badly overloaded compared with the
 least-loaded one it falls back to least-load, so a hot prefix cannot pile
 everything onto one worker. (The guard looks at the preferred worker only: in
 a large cluster some worker is nearly always idle, and a cluster-wide spread
@@ -21,6 +22,7 @@ from typing import Callable
 from .registry import WorkerState
 
 DEFAULT_PREFILL_TPS = 500.0  # until a worker has measured its own
+HOST_LOAD_SPEEDUP = 10.0  # until then a host-tier load counts as this much faster than prefill
 BALANCE_ABS = 16  # the preferred worker's load exceeds the least-loaded one's by this ...
 BALANCE_REL = 2.0  # ... and by this ratio: route least-loaded instead
 
@@ -28,10 +30,11 @@ BALANCE_REL = 2.0  # ... and by this ratio: route least-loaded instead
 @dataclass
 class Candidate:
     state: WorkerState
-    cached: int  # prompt tokens this worker holds (index view + bookings)
+    cached: int  # prompt tokens this worker holds on the device (index view + bookings)
     load: int  # running + waiting + booked requests
     queued_tokens: int  # prefill tokens ahead of this request
     score: float = 0.0  # seconds: predicted TTFT + recomputation cost
+    cached_host: int = 0  # further prompt tokens in its host tier (loaded back, not computed)
 
     @property
     def worker_id(self) -> str:
@@ -44,12 +47,15 @@ Policy = Callable[[list[Candidate], int, int], Candidate]  # (candidates, num_to
 def predict_ttft(c: Candidate, num_tokens: int) -> float:
     report = c.state.report
     rate = report.prefill_tps or DEFAULT_PREFILL_TPS
-    return (c.queued_tokens + num_tokens - c.cached) / rate + report.decode_step_s
+    load_rate = report.host_load_tps or HOST_LOAD_SPEEDUP * rate
+    computed = num_tokens - c.cached - c.cached_host
+    return ((c.queued_tokens + computed) / rate + c.cached_host / load_rate
+            + report.decode_step_s)
 
 
 def score(c: Candidate, num_tokens: int) -> float:
     rate = c.state.report.prefill_tps or DEFAULT_PREFILL_TPS
-    return predict_ttft(c, num_tokens) + (num_tokens - c.cached) / rate
+    return predict_ttft(c, num_tokens) + (num_tokens - c.cached - c.cached_host) / rate
 
 
 def least_load(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:

@@ -1,6 +1,7 @@
 """Mirror of every worker's prefix cache, kept from the schedulers' KV events.
 
-Each worker's view is the set of block hashes it caches. Events arrive numbered
+Each worker's view is the set of block hashes it caches on the device, and the set
+it holds in its host tier (loaded back in milliseconds). Events arrive numbered
 per (worker, epoch); a gap, a new epoch or an unknown worker makes the view
 stale until a snapshot of the scheduler's tree replaces it. Events that arrive
 while a snapshot is pending are buffered and replayed past the snapshot.
@@ -20,19 +21,22 @@ class WorkerView:
     epoch: int = -1
     next_seq: int = 0
     page_size: int = 1
-    blocks: set[int] = field(default_factory=set)
+    blocks: set[int] = field(default_factory=set)  # on the device
+    host_blocks: set[int] = field(default_factory=set)  # with a copy in the host tier
     synced: bool = False
     pending: list[KVEventBatch] = field(default_factory=list)
     updated: float = field(default_factory=time.monotonic)
 
     def apply(self, batch: KVEventBatch) -> None:
         for event in batch.events:
+            blocks = self.host_blocks if event.medium == "host" else self.blocks
             if event.kind == "stored":
-                self.blocks.update(event.block_hashes)
+                blocks.update(event.block_hashes)
             elif event.kind == "removed":
-                self.blocks.difference_update(event.block_hashes)
+                blocks.difference_update(event.block_hashes)
             else:
                 self.blocks.clear()
+                self.host_blocks.clear()
         self.next_seq = batch.seq + len(batch.events)
         self.updated = time.monotonic()
 
@@ -60,7 +64,7 @@ class PrefixIndex:
     def on_snapshot(self, snap: KVSnapshot) -> None:
         view = self.views.setdefault(snap.worker_id, WorkerView())
         view.epoch, view.page_size = snap.epoch, snap.page_size
-        view.blocks = set(snap.block_hashes)
+        view.blocks, view.host_blocks = set(snap.block_hashes), set(snap.host_hashes)
         view.next_seq, view.synced = snap.seq, True
         view.updated = time.monotonic()
         self.resyncs += 1
@@ -91,16 +95,27 @@ class PrefixIndex:
 
     def cached_tokens(self, worker_id: str, hashes: list[int],
                       extra: list[frozenset[int]] = ()) -> int:
-        """Leading pages of ``hashes`` (at this worker's page size) it holds or will
-        hold (``extra``: page sets of requests just routed there), in tokens."""
+        """Leading pages of ``hashes`` (at this worker's page size) it holds on the
+        device or will (``extra``: page sets of requests just routed there), in tokens."""
+        return self.cached_split(worker_id, hashes, extra)[0]
+
+    def cached_split(self, worker_id: str, hashes: list[int],
+                     extra: list[frozenset[int]] = ()) -> tuple[int, int]:
+        """(device tokens, host-tier tokens right after them) of ``hashes``' leading pages."""
         view = self.views.get(worker_id)
-        blocks = view.blocks if view is not None and view.synced else set()
-        matched = 0
+        synced = view is not None and view.synced
+        blocks = view.blocks if synced else set()
+        host = view.host_blocks if synced else set()
+        device = lower = 0
         for h in hashes:
-            if h not in blocks and not any(h in pages for pages in extra):
+            if not lower and (h in blocks or any(h in pages for pages in extra)):
+                device += 1
+            elif h in host:
+                lower += 1
+            else:
                 break
-            matched += 1
-        return matched * self.page_size(worker_id)
+        page = self.page_size(worker_id)
+        return device * page, lower * page
 
 
 def prompt_hashes(input_ids: list[int], salt: str, page_size: int) -> list[int]:

@@ -30,6 +30,7 @@ class Decision(NamedTuple):
             "radixmesh.route.worker": self.chosen.worker_id,
             "radixmesh.route.candidates": [x.worker_id for x in c],
             "radixmesh.route.cached_tokens": [x.cached for x in c],
+            "radixmesh.route.host_tokens": [x.cached_host for x in c],
             "radixmesh.route.load": [x.load for x in c],
             "radixmesh.route.queued_tokens": [x.queued_tokens for x in c],
             "radixmesh.route.score": [x.score for x in c],
@@ -62,9 +63,9 @@ class Router:
                 hashes[page] = prompt_hashes(req.input_ids, req.cache_salt, page)
             booked = state.live_bookings(now)
             unreported = state.unreported(now)
+            device, host = self.index.cached_split(wid, hashes[page], [b.hashes for b in booked])
             cand = Candidate(
-                state=state,
-                cached=self.index.cached_tokens(wid, hashes[page], [b.hashes for b in booked]),
+                state=state, cached=device, cached_host=host,
                 load=len(unreported) + state.report.running + state.report.waiting,
                 queued_tokens=state.report.queued_prefill_tokens
                 + sum(b.tokens for b in unreported),
@@ -73,7 +74,8 @@ class Router:
             cands.append(cand)
         chosen = self.policy(cands, req.num_tokens, self._key(req))
         page = self.index.page_size(chosen.worker_id)
-        self.registry.book(chosen.worker_id, req.rid, req.num_tokens - chosen.cached,
+        self.registry.book(chosen.worker_id, req.rid,
+                           req.num_tokens - chosen.cached - chosen.cached_host,
                            frozenset(hashes[page]))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route %s (%d tokens) -> %s (%s) [(worker, cached, load, queued, score)] %s",

@@ -9,6 +9,7 @@ before the step's forward. The scheduler decides; this only moves bytes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,14 +41,21 @@ class KVCopier:
         self.layout = KVLayout.of_pool(pool)
         self.host = HostKVPool.for_pool(pool, host_slots) if host_slots else None
         self.staging = staging if staging is not None else StagingBuffers()
+        self.last_seconds = 0.0
 
     @property
     def host_slots(self) -> int:
         return self.host.num_slots if self.host is not None else 0
 
     def run(self, copies: list[KVCopy]) -> None:
-        """Check every copy, then run them in order (nothing runs if one is bad: 400)."""
-        self.execute(self.check(copies))
+        """Check every copy, then run them in order (nothing runs if one is bad: 400).
+        ``last_seconds``: how long the last step's copies took (the scheduler turns it
+        into a load-back rate). NOTE: on CUDA a copy may still be in flight then."""
+        self.last_seconds = 0.0
+        ops = self.check(copies)
+        start = time.perf_counter()
+        self.execute(ops)
+        self.last_seconds = time.perf_counter() - start if ops else 0.0
 
     def check(self, copies: list[KVCopy]) -> list[CopyOp]:
         """Every copy checked against the pools and the buffers the earlier copies leave;

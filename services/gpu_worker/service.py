@@ -125,7 +125,8 @@ class WorkerService:
         FORWARD_SECONDS.labels("prefill" if prefill else "decode").observe(elapsed)
         return ForwardResult(step=msg.step, next_token_ids=out.next_token_ids, forward_ms=elapsed * 1e3,
                              logprobs=out.logprobs, top_ids=out.top_ids,
-                             top_logprobs=out.top_logprobs, top_k=out.top_k)
+                             top_logprobs=out.top_logprobs, top_k=out.top_k,
+                             copy_ms=self.runner.kv_copies.last_seconds * 1e3)
 
     def _update_detail(self) -> None:
         self.detail.update(

@@ -134,6 +134,7 @@ class SchedulerCore:
         batch = step.to_batch(self.steps)
         if self.host is not None:
             batch.copies = self.host.take_copies()  # NOTE: they run before this step's forward
+            step.copied = sum(len(c.src) for c in batch.copies)
         step.launch()
         for item in step.items:
             if not item.decode:  # NOTE: shareable now: any step sent later reads it after it is written
@@ -210,6 +211,7 @@ class SchedulerCore:
             max_model_len=info.max_model_len, ts=ts,
             queued_prefill_tokens=self.queued_prefill_tokens(), prefill_tps=rates.prefill_tps,
             decode_step_s=rates.decode_step_s, alive=alive, session=session,
+            host_load_tps=rates.host_load_tps,
         )
 
     def stats(self) -> SchedStats:

@@ -102,7 +102,9 @@ class StepDriver:
             except ServiceError as exc:
                 await self._lost(oldest.number, exc)
             self._account(result.forward_ms / 1e3)
-            self.rates.measure([item.tokens for item in oldest.items], result.forward_ms / 1e3)
+            self.rates.measure([item.tokens for item in oldest.items],
+                               (result.forward_ms - result.copy_ms) / 1e3)
+            self.rates.copied(oldest.copied, result.copy_ms / 1e3)
             self.tracer.step_done(self.core.complete(result))
 
     async def _lost(self, number: int, exc: ServiceError) -> None:

@@ -14,7 +14,9 @@ the pages down and the node stays), else, or when the tier refuses, the node
 and everything below it is dropped.
 
 Every page stored or removed is recorded with its chained block hash through
-the ``on_event`` callback, so the cache index can mirror the tree.
+the ``on_event`` callback, so the cache index can mirror the tree: device events
+as (kind, namespace, hashes), the lower tier's with a fourth argument "host"; a
+page going down is stored there before it is removed from the device.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class RadixCache:
             raise ValueError(f"unknown eviction policy {policy!r} (lru, lfu)")
         self.page_size = page_size
         self.policy = policy
-        self.on_event = on_event or (lambda kind, ns, hashes: None)
+        self.on_event = on_event or (lambda *event: None)
         self.tier = tier
         self._roots: dict[str, TreeNode] = {}
         self._evictable = 0
@@ -76,8 +78,12 @@ class RadixCache:
         return SizeInfo(self._evictable, self._protected)
 
     def all_hashes(self) -> list[int]:
-        """Block hash of every cached page (for a snapshot of the tree)."""
-        return [h for node in self._all_nodes() for h in node.hashes]
+        """Block hash of every page on the device (for a snapshot of the tree)."""
+        return [h for node in self._all_nodes() if node.on_device for h in node.hashes]
+
+    def host_hashes(self) -> list[int]:
+        """Block hash of every page with a copy in the lower tier."""
+        return [h for node in self._all_nodes() if node.lower is not None for h in node.hashes]
 
     # -- updates --------------------------------------------------------------
 
@@ -98,6 +104,7 @@ class RadixCache:
                 existing = pos if existing < 0 else existing
                 child.value = np.asarray(slots[pos : pos + n], np.int64).copy()
                 self._evictable += n
+                self.on_event("stored", child.namespace, child.hashes)
             node, pos = child, pos + n
         existing = pos if existing < 0 else existing
         if pos < len(key):
@@ -136,13 +143,14 @@ class RadixCache:
             count += len(leaf.value)
             self._evictable -= len(leaf.key)
             parent = leaf.parent
-            lower = leaf.lower  # NOTE: a copy made earlier is still valid: KV never changes
-            if lower is None and self.tier is not None:
-                lower = self.tier.copy_down(leaf.value)
-            if lower is None:
+            # NOTE: a copy made earlier is still valid: KV never changes
+            if leaf.lower is None and self.tier is not None:
+                self._copy_down(leaf)
+            if leaf.lower is None:
                 self._drop(leaf)
             else:
-                leaf.value, leaf.lower = None, lower
+                leaf.value = None
+                self.on_event("removed", leaf.namespace, leaf.hashes)
             if self._is_device_leaf(parent) and parent.lock_ref == 0:
                 heapq.heappush(heap, (self._priority(parent), id(parent), parent))
         return np.concatenate(freed) if freed else EMPTY
@@ -251,7 +259,12 @@ class RadixCache:
         """A copy in the lower tier while the node stays on the device (write-through).
         NOTE: copies run before the next step's forward, after the one writing it."""
         if node.lower is None:
-            node.lower = self.tier.copy_down(node.value)
+            self._copy_down(node)
+
+    def _copy_down(self, node: TreeNode) -> None:
+        node.lower = self.tier.copy_down(node.value)
+        if node.lower is not None:
+            self.on_event("stored", node.namespace, node.hashes, "host")
 
     def _drop(self, node: TreeNode) -> None:
         """Remove ``node`` (off the device or a device leaf) and the lower-tier
@@ -263,7 +276,10 @@ class RadixCache:
             stack.extend(gone[-1].children.values())
         self._free_lower(gone)
         for n in gone:
-            self.on_event("removed", n.namespace, n.hashes)
+            if n.on_device:
+                self.on_event("removed", n.namespace, n.hashes)
+            if n.lower is not None:
+                self.on_event("removed", n.namespace, n.hashes, "host")
 
     def _free_lower(self, nodes: list[TreeNode]) -> None:
         held = [n.lower for n in nodes if n.lower is not None]

@@ -21,8 +21,9 @@ class EventLog:
         self.seq = 0  # number of the first event not yet taken
         self._events: list[KVEvent] = []
 
-    def record(self, kind: str, namespace: str, hashes: list[int]) -> None:
-        self._events.append(KVEvent(kind=kind, namespace=namespace, block_hashes=hashes))
+    def record(self, kind: str, namespace: str, hashes: list[int], medium: str = "device") -> None:
+        self._events.append(KVEvent(kind=kind, namespace=namespace, block_hashes=hashes,
+                                    medium=medium))
 
     def new_epoch(self) -> None:
         """The cache was flushed: the index must start over."""
@@ -41,15 +42,23 @@ class EventLog:
         """All cached pages; events not yet taken are already reflected in it."""
         return KVSnapshot(worker_id=self.worker_id, epoch=self.epoch,
                           seq=self.seq + len(self._events), page_size=self.page_size,
-                          block_hashes=tree.all_hashes() if tree else [])
+                          block_hashes=tree.all_hashes() if tree else [],
+                          host_hashes=tree.host_hashes() if tree else [])
 
 
 class StepRates:
-    """Measured prefill tokens/s and decode step time (EMAs), from step results."""
+    """Measured prefill tokens/s, decode step time and host-tier copy rate (EMAs),
+    from step results."""
 
     def __init__(self) -> None:
         self.prefill_tps = 0.0  # over steps dominated by prefill
         self.decode_step_s = 0.0  # over decode-only steps
+        self.host_load_tps = 0.0  # tokens of KV copied to or from the host tier per second
+
+    def copied(self, tokens: int, seconds: float) -> None:
+        if tokens >= 16 and seconds > 0:
+            rate = tokens / seconds
+            self.host_load_tps = rate if not self.host_load_tps else 0.8 * self.host_load_tps + 0.2 * rate
 
     def measure(self, extend_lens: list[int], seconds: float) -> None:
         prefill = sum(n for n in extend_lens if n > 1)

@@ -43,6 +43,7 @@ class Step:
     sync: bool = False  # planned ahead it would retract: plan it after the result
     slots: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     number: int = 0
+    copied: int = 0  # tokens of KV its copies move (host tier: down or back up)
     pending: object | None = None  # the transport's handle on the reply (a future)
 
     def to_batch(self, number: int) -> ForwardBatch:

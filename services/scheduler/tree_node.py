@@ -9,7 +9,7 @@ import numpy as np
 
 from libs.protocol.hashing import namespace_hash
 
-EventSink = Callable[[str, str, list[int]], None]  # (kind, namespace, block hashes)
+EventSink = Callable[..., None]  # (kind, namespace, block hashes[, "host"])
 EMPTY = np.empty(0, np.int64)
 
 

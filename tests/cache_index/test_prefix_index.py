@@ -105,3 +105,23 @@ def test_events_buffered_during_snapshot_are_replayed():
     assert not index.on_events(later)  # buffered while the snapshot is on its way
     index.on_snapshot(snap)
     assert index.views["w1"].synced and index.views["w1"].blocks == truth(b)
+
+
+def test_mirror_follows_the_host_tier_too():
+    """Device and host sets both match the scheduler's tree while documents cycle
+    through a small device pool into the host tier and back (and after a resync)."""
+    b, w = make(kv_slots=160, page_size=4, chunked_prefill_size=32, host_slots=2048)
+    index = PrefixIndex()
+    docs = [list(range(100 + 60 * d, 140 + 60 * d)) for d in range(8)]
+    for i in range(24):
+        b.submit(req(f"r{i}", prompt=docs[i % 8] + [3 + i], max_new=3))
+        while b.has_work():
+            batch = b.next_batch()
+            b.complete(w.run(batch))
+            b.take_deltas()
+            sync(index, b)
+        view = index.views["w1"]
+        assert view.blocks == truth(b) and view.host_blocks == set(b.cache.tree.host_hashes())
+    assert b.host.loaded > 0 and view.host_blocks - view.blocks  # some pages only in host memory
+    index.on_snapshot(b.snapshot())
+    assert index.views["w1"].host_blocks == set(b.cache.tree.host_hashes())

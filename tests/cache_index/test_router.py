@@ -95,3 +95,32 @@ def test_fork_branches_stay_with_their_document_while_siblings_queue():
     reg.update(report("b", waiting=6, queued_prefill_tokens=6 * 20, **rates))
     decision = router.route(req("late-branch", DOC + [9] * 30))
     assert decision.chosen.worker_id == "b"
+
+
+def in_host_tier(index: PrefixIndex, worker: str, device_tokens, host_tokens, seq=1):
+    """``worker`` keeps ``device_tokens`` on the device and the pages after them in its host tier."""
+    pages = block_hashes(host_tokens, 16, "")
+    cached_on(index, worker, host_tokens)
+    moved = [KVEvent(kind="stored", namespace="", block_hashes=pages, medium="host"),
+             KVEvent(kind="removed", namespace="", block_hashes=pages[len(device_tokens) // 16:])]
+    assert index.on_events(KVEventBatch(worker_id=worker, epoch=1, seq=seq, page_size=16,
+                                        events=moved))
+
+
+def test_host_tier_pages_are_credited_at_the_workers_measured_load_rate():
+    # a: the whole document on the device; b: a quarter on the device, the rest in host
+    # memory, loaded back fast; c: the same split, but its host tier is slow
+    router, index, reg = setup(b={"prefill_tps": 1000.0, "host_load_tps": 50_000.0},
+                               c={"prefill_tps": 1000.0, "host_load_tps": 500.0},
+                               a={"prefill_tps": 1000.0, "running": 3, "queued_prefill_tokens": 600})
+    cached_on(index, "a", DOC)
+    in_host_tier(index, "b", DOC[:96], DOC)
+    in_host_tier(index, "c", DOC[:96], DOC)
+    decision = router.route(req("r1", DOC + [1]))
+    split = {c.worker_id: (c.cached, c.cached_host) for c in decision.candidates}
+    assert split == {"a": (400, 0), "b": (96, 304), "c": (96, 304)}
+    scores = {c.worker_id: c.score for c in decision.candidates}
+    # b loads 304 tokens in ~6 ms; a first has 600 queued tokens (0.6 s); c's slow host
+    # tier (0.6 s) is worth less than recomputing would cost a cold worker (0.8 s)
+    assert decision.chosen.worker_id == "b" and scores["b"] < scores["a"] < scores["c"]
+    assert scores["c"] < 2 * 401 / 1000  # still cheaper than computing it all

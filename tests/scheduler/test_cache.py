@@ -101,3 +101,23 @@ def test_admission_sees_free_now_and_reclaimable_apart():
     assert (again.length, again.lower_len) == (0, 4)
     assert (cache.free, cache.reclaimable) == (2, 0)
     cache.tree.check_integrity()
+
+
+def test_events_name_the_medium_and_a_page_is_stored_below_before_it_leaves():
+    events = []
+    tier = HostSlots(8)
+    tree = RadixCache(page_size=2, tier=tier, on_event=lambda *e: events.append(e))
+    tree.insert("", [1, 2, 3, 4], np.array([10, 11, 12, 13]))
+    (stored,) = events
+    assert stored[:2] == ("stored", "") and len(stored) == 3  # device events: no medium
+    pages = stored[2]
+    tree.evict(4)
+    assert events[1:] == [("stored", "", pages, "host"), ("removed", "", pages)]
+    assert tree.all_hashes() == [] and tree.host_hashes() == pages
+    tree.insert("", [1, 2, 3, 4, 5], np.array([20, 21, 22, 23, 24]))  # recomputed: back on device
+    assert events[3] == ("stored", "", pages) and tree.all_hashes() == pages
+    big = RadixCache(page_size=2, tier=HostSlots(2), on_event=lambda *e: events.append(e))
+    big.insert("", [7, 7, 8, 8], np.array([1, 2, 3, 4]))
+    events.clear()
+    big.evict(4)  # the tier is too small: dropped, and the index hears it left the device
+    assert [e[0] for e in events] == ["removed"] and len(events[0]) == 3
