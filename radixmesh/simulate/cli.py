@@ -49,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     worker.add_argument("--kv-slots", type=int, default=16384, help="KV tokens per worker")
     worker.add_argument("--page-size", type=int, default=16)
     worker.add_argument("--max-running", type=int, default=256)
+    worker.add_argument("--host-kv-slots", type=int, default=0,
+                        help="host tier KV tokens per worker (0: none): evictions demote there")
+    worker.add_argument("--host-load-tps", type=float, default=20_000.0,
+                        help="host tier copy rate, KV tokens/s (measured: libs.transfer.bench)")
     route = p.add_argument_group("routing and output")
     route.add_argument("--policies", default=",".join(POLICY_ORDER),
                        help="comma-separated policies to run on the same trace")
@@ -97,7 +101,8 @@ def _build(args: argparse.Namespace):
     model = ServiceModel(
         prefill_tps=args.prefill_tps, decode_base_s=args.decode_base,
         decode_per_seq_s=args.decode_per_seq, chunk_tokens=args.chunk, kv_slots=args.kv_slots,
-        page_size=args.page_size, max_running=args.max_running,
+        page_size=args.page_size, max_running=args.max_running, host_slots=args.host_kv_slots,
+        host_load_tps=args.host_load_tps,
     )
     config = TraceConfig(
         workers=workers, requests=requests, docs=args.docs, doc_tokens=tuple(args.doc_tokens),

@@ -23,6 +23,8 @@ class ServiceModel:
     kv_slots: int = 16384  # KV cache tokens per worker
     page_size: int = 16
     max_running: int = 256  # requests a worker runs at once
+    host_slots: int = 0  # host tier KV tokens per worker (0: no host tier)
+    host_load_tps: float = 20_000.0  # tokens of KV copied to or from the host tier per second
 
     def __post_init__(self) -> None:
         if min(self.prefill_tps, self.decode_base_s + self.decode_per_seq_s) <= 0:
@@ -31,6 +33,8 @@ class ServiceModel:
             raise ValueError("decode step costs cannot be negative")
         if min(self.chunk_tokens, self.kv_slots, self.page_size, self.max_running) < 1:
             raise ValueError("chunk, kv slots, page size and max running must be >= 1")
+        if self.host_slots < 0 or self.host_load_tps <= 0:
+            raise ValueError("host slots must be >= 0 and the host copy rate positive")
 
     def step_s(self, decodes: int, prefill_tokens: int) -> float:
         return (self.decode_base_s + self.decode_per_seq_s * decodes

@@ -84,7 +84,9 @@ def describe(trace: Trace, model: ServiceModel) -> str:
         f"best possible hit rate {perfect:.1%}; worker: prefill {model.prefill_tps:g} tok/s, "
         f"step {model.decode_base_s:g} s + {model.decode_per_seq_s:g} s/decode + "
         f"prefill tokens/rate, chunk {model.chunk_tokens}, {model.kv_slots} KV slots, "
-        f"page {model.page_size}",
+        f"page {model.page_size}"
+        + (f", host tier {model.host_slots} KV slots at {model.host_load_tps:g} tok/s"
+           if model.host_slots else ""),
     ))
 
 

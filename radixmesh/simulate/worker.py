@@ -45,7 +45,8 @@ class SimWorker:
         self.worker_id, self.model = worker_id, model
         info = WorkerInfo(worker_id=worker_id, model=MODEL, kv_slots=model.kv_slots,
                           max_requests=model.max_running, max_model_len=model.kv_slots,
-                          vocab_size=VOCAB, eos_token_ids=[], dtype="sim")
+                          vocab_size=VOCAB, eos_token_ids=[], dtype="sim",
+                          host_kv_slots=model.host_slots)
         self.core = SchedulerCore(info, CoreConfig(
             max_running_requests=model.max_running, max_queued_requests=1 << 30,
             chunked_prefill_size=model.chunk_tokens, page_size=model.page_size, overlap=False))
@@ -69,10 +70,12 @@ class SimWorker:
         """Plan and "send" the next step; its duration, or None if there is nothing to run."""
         if self.core.next_batch() is None:
             return None
-        items = self.core.last_step.items
-        prefill = sum(item.tokens for item in items if not item.decode)
+        step = self.core.last_step
+        prefill = sum(item.tokens for item in step.items if not item.decode)
         self.prefilled += prefill
-        return self.model.step_s(len(items) - sum(not item.decode for item in items), prefill)
+        decodes = len(step.items) - sum(not item.decode for item in step.items)
+        # NOTE: the step's host-tier copies run before its forward, as on a real worker
+        return self.model.step_s(decodes, prefill) + step.copied / self.model.host_load_tps
 
     def complete_step(self, now: float, seconds: float) -> tuple[list[SimRequest], list[SimRequest]]:
         """The step in flight took ``seconds``: apply its tokens; (first tokens, finished)."""

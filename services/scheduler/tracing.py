@@ -60,8 +60,9 @@ class RequestTrace:
     def _start(self, name: str, attributes: dict | None = None) -> Span:
         return _tracer.start_span(name, context=self.ctx, attributes=attributes)
 
-    def admitted(self, cached: int) -> None:
-        self.queue.set_attribute("radixmesh.cached_tokens", cached)
+    def admitted(self, cached: int, from_host: int) -> None:
+        self.queue.set_attributes({"radixmesh.cached_tokens": cached,
+                                   "radixmesh.cached_host_tokens": from_host})
         self.queue.end()
         self.queue = None
 
@@ -135,7 +136,7 @@ class StepTracer:
             if (t := self.traces.get(item.req.rid)) is None:
                 continue
             if t.queue is not None:
-                t.admitted(item.prefix_len)
+                t.admitted(item.prefix_len, item.req.cached_host_tokens)
             if not item.decode:
                 chunk = t.prefill(item.prefix_len, item.tokens, step.number)
                 parent = parent or trace.set_span_in_context(chunk)

@@ -118,3 +118,23 @@ def test_abort_while_queued_ends_the_spans(exporter):
     queues = [s for s in exporter.get_finished_spans() if s.name == "scheduler.queue"]
     assert sum(q.parent.span_id == root.context.span_id for q in queues) == 1  # ended by the abort
     assert set(tracer.traces) == {"r0"}
+
+
+def test_the_queue_span_says_how_much_came_back_from_the_host_tier(exporter):
+    info = WorkerInfo(worker_id="w", model="m", kv_slots=96, max_requests=4, max_model_len=512,
+                      vocab_size=1000, eos_token_ids=[0], dtype="float32", host_kv_slots=512)
+    core = SchedulerCore(info, CoreConfig(page_size=8))
+    tracer = StepTracer("w")
+    docs = [[7 + d] * 40 for d in range(3)]  # three documents, two fit on the device
+    with exporter.tracer.start_as_current_span("submit"):
+        for i in range(4):
+            core.submit(r := Req(rid=f"r{i}", input_ids=docs[i % 3] + [900 + i], detok_instance="t",
+                                 sampling=SamplingParams(max_new_tokens=2, ignore_eos=True)))
+            tracer.submitted(r)
+            run(core, tracer)
+    queues = {s.parent.span_id: s for s in exporter.get_finished_spans() if s.name == "scheduler.queue"}
+    last = next(s for s in exporter.get_finished_spans()
+                if s.name == "scheduler.request" and s.attributes["radixmesh.rid"] == "r3")
+    queue = queues[last.context.span_id]
+    assert queue.attributes["radixmesh.cached_host_tokens"] == 40  # r0's document, loaded back
+    assert queue.attributes["radixmesh.cached_tokens"] == 40

@@ -115,3 +115,25 @@ def test_load_report_shows_queue_and_measured_rates():
     report = w.load_report(9.0)
     assert report.waiting == report.running == report.queued_prefill_tokens == 0
     assert report.prefill_tps > 0 and report.decode_step_s > 0
+
+
+def test_a_host_tier_keeps_what_the_device_pool_cannot():
+    """Documents cycled through a pool too small for them: with a host tier the
+    real core loads them back (priced at the copy rate) instead of recomputing."""
+    small = ServiceModel(prefill_tps=1000.0, chunk_tokens=1024, kv_slots=256, page_size=16)
+    tiered = ServiceModel(prefill_tps=1000.0, chunk_tokens=1024, kv_slots=256, page_size=16,
+                          host_slots=2048, host_load_tps=50_000.0)
+    docs = [tokens(160) for _ in range(3)]
+    results = {}
+    for name, model in (("plain", small), ("tiered", tiered)):
+        w = SimWorker("w", model)
+        reqs = [request(i, np.concatenate((docs[i % 3], tokens(8)))) for i in range(9)]
+        t = 0.0
+        for r in reqs:  # one at a time: each document is evicted before it comes back
+            w.submit(r)
+            t = serve(w, t=t)
+        assert_consistent(w)
+        results[name] = (sum(r.cached for r in reqs), w.prefilled, t)
+    (plain_hit, plain_prefill, plain_t), (hit, prefill, t) = results["plain"], results["tiered"]
+    assert plain_hit == 0 and hit >= 6 * 160  # the second and third rounds come back
+    assert prefill < plain_prefill - 900 and t < plain_t
