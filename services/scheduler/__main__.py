@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-overlap-schedule", action="store_true",
                    default=env("RADIXMESH_DISABLE_OVERLAP_SCHEDULE", "") not in ("", "0"),
                    help="wait for each step's result before planning the next")
-    p.add_argument("--host-write-policy", choices=WRITE_POLICIES, default="write_back",
+    p.add_argument("--host-write-policy", choices=WRITE_POLICIES,
+                   default=env("RADIXMESH_HOST_WRITE_POLICY", "write_back"),
                    help="with a worker host pool (--host-kv-slots): copy a prefix down to it "
                         "on eviction, as soon as it is cached, or at its second hit")
     p.add_argument("--retract-interval", type=int, default=0, help=argparse.SUPPRESS)

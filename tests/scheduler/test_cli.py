@@ -18,3 +18,11 @@ def test_batching_flags():
                                    "--disable-radix-cache", "--page-size", "4"])).core
     assert (cfg.chunked_prefill_size, cfg.schedule_policy, cfg.enable_cache, cfg.page_size) == (
         64, "lpm", False, 4)
+
+
+def test_host_write_policy_flag_and_env(monkeypatch):
+    assert build_config(parse_args([])).core.host_write_policy == "write_back"
+    cfg = build_config(parse_args(["--host-write-policy", "write_through_selective"]))
+    assert cfg.core.host_write_policy == "write_through_selective"
+    monkeypatch.setenv("RADIXMESH_HOST_WRITE_POLICY", "write_through")
+    assert build_config(parse_args([])).core.host_write_policy == "write_through"
