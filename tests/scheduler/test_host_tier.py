@@ -106,3 +106,21 @@ def test_write_policies_keep_outputs_and_copy_when_they_say(policy):
         assert copied == stored  # every cached token has its host copy
     else:
         assert 0 < copied < stored  # only prefixes matched twice (the documents, third round)
+
+
+def test_tenants_never_load_each_others_pages_from_host_memory():
+    b, w = make(kv_slots=64, host_slots=512, page_size=4)
+    doc = list(range(100, 148))
+    b.submit(req("a", prompt=doc + [1], max_new=2, ns="tenant-a"))
+    drain(b, w)
+    b.submit(req("push", prompt=list(range(300, 350)), max_new=2, ns="tenant-a"))
+    drain(b, w)  # tenant-a's document is now in host memory only
+    assert b.cache.match(req("x", prompt=doc + [2], ns="tenant-a")).lower_len == 48
+    b.submit(req("b", prompt=doc + [2], max_new=2, ns="tenant-b"))
+    batch = b.next_batch()
+    assert not [c for c in batch.copies if c.kind == "h2d"]  # computed, never loaded
+    assert batch.prefix_lens == [0]
+    b.complete(w.run(batch))
+    drain(b, w)
+    assert b.host.loaded == 0
+    assert_all_slots_back(b)
