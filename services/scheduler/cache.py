@@ -64,7 +64,13 @@ class KVCache:
         return self.tree.peek(req.namespace, req.fill()[:-1])
 
     def prefix_len(self, req: Req) -> int:
+        """Cached tokens on the device (what admission can start from without copies)."""
         return self.match(req).length
+
+    def reusable_len(self, req: Req) -> int:
+        """Cached tokens in any tier: what ``req`` will not compute."""
+        match = self.match(req)
+        return match.length + match.lower_len
 
     def admit(self, req: Req) -> MatchResult:
         """Lock ``req``'s cached prefix; it starts from those slots (``req.kv_len``).

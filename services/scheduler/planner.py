@@ -90,7 +90,7 @@ class Planner:
         the rest of each unfinished prefill. The router divides it by the prefill
         rate: counting cached prefixes would make a worker that holds a document
         look busiest exactly when requests for that document queue on it."""
-        waiting = sum(r.fill_len - (self.cache.prefix_len(r) if i < QUEUE_PEEK else 0)
+        waiting = sum(r.fill_len - (self.cache.reusable_len(r) if i < QUEUE_PEEK else 0)
                       for i, r in enumerate(self.waiting))
         return waiting + sum(r.fill_len - r.kv_len for r in self.running if not r.decoding)
 

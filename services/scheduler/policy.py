@@ -22,7 +22,7 @@ def order(policy: str, waiting: Sequence[Req], cache: KVCache) -> list[Req]:
     if policy == "fcfs" or cache.tree is None or len(waiting) > MAX_CACHE_AWARE:
         return list(waiting)
     if policy == "lpm":
-        lengths = {id(r): cache.prefix_len(r) for r in waiting}
+        lengths = {id(r): cache.reusable_len(r) for r in waiting}
         return sorted(waiting, key=lambda r: -lengths[id(r)])  # stable: fcfs among ties
     return _dfs_weight(waiting, cache)
 
