@@ -16,3 +16,5 @@ class PipelineConfig:
     route_timeout: float = 2.0  # past this the gateway routes by its own load view
     watch_interval: float = 0.25  # how often open requests are checked for a lost scheduler
     resume_wait: float = 5.0  # a lost scheduler's requests wait this long for its successor
+    tokenizer_probe_interval: float = 1.0  # how often tokenizers are pinged while requests run
+    tokenizer_wait: float = 30.0  # a lost tokenizer's requests wait this long for another

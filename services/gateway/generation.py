@@ -40,7 +40,8 @@ class Generation:
     consumer got, so the resumed stream goes on with no gap and no repeat.
     """
 
-    RETRIABLE = frozenset({"worker_lost", "worker_failed", "scheduler_lost"})
+    RETRIABLE = frozenset({"worker_lost", "worker_failed", "scheduler_lost", "tokenizer_lost"})
+    KEEP_WORKER = frozenset({"scheduler_lost", "tokenizer_lost"})  # the worker itself is fine
     MAX_RETRIES = 3
 
     def __init__(self, rid: str, worker_id: str, queue: asyncio.Queue[TextDelta],
@@ -60,7 +61,7 @@ class Generation:
         self.bus_rid = rid
         self.worker_id = worker_id
         self.request: Any = None
-        self._resubmit: Callable[["Generation", str, bool], Awaitable[None]] | None = None
+        self._resubmit: Callable[["Generation", str, bool, str], Awaitable[None]] | None = None
         self.retries = 0
         self._delivered = False
         self.output_ids: list[int] = []  # every token id handed to the consumer
@@ -102,7 +103,7 @@ class Generation:
             yield await self.next_delta()
 
     def enable_retry(self, request: Any,
-                     resubmit: Callable[["Generation", str, bool], Awaitable[None]]) -> None:
+                     resubmit: Callable[["Generation", str, bool, str], Awaitable[None]]) -> None:
         self.request, self._resubmit = request, resubmit
 
     def rebind(self, bus_rid: str, worker_id: str, queue: asyncio.Queue[TextDelta],
@@ -125,8 +126,9 @@ class Generation:
                     raise
                 self.retries += 1
                 try:
-                    # NOTE: a lost scheduler leaves a healthy worker behind: keep it
-                    await self._resubmit(self, self.worker_id, exc.code != "scheduler_lost")
+                    # NOTE: a lost scheduler or tokenizer leaves a healthy worker behind: keep it
+                    await self._resubmit(self, self.worker_id, exc.code not in self.KEEP_WORKER,
+                                         exc.code)
                 except ServiceError as failed:
                     self._error = failed
                     raise

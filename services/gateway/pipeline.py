@@ -38,6 +38,7 @@ from .metrics import RequestMetrics
 from .observability import request_arrival
 from .placement import Placement
 from .request import GenerationRequest, Launched, Resume
+from .tokenizers import TokenizerView
 
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
 
@@ -63,6 +64,8 @@ class Pipeline:
         self._tasks: set[asyncio.Task] = set()
         self._live: set[Generation] = set()  # open generations, for the watchdog
         self._watchdog: asyncio.Task | None = None
+        self._tokenizer_watch: asyncio.Task | None = None
+        self.tokenizers: TokenizerView | None = None
         self._sub = None
         self.loads: LoadView | None = None
 
@@ -86,12 +89,15 @@ class Pipeline:
         self.loads = self.placement.loads = LoadView()
         await self.loads.start(self.bus, self.subjects)
         self._watchdog = asyncio.create_task(self._watch(), name="gateway-watchdog")
+        self.tokenizers = TokenizerView(self.bus, self.subjects)
+        self._tokenizer_watch = asyncio.create_task(self._watch_tokenizers(), name="gateway-tokenizers")
 
     async def stop(self) -> None:
         """Unsubscribe and wait for pending abort/release messages to go out."""
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
+        for task in (self._watchdog, self._tokenizer_watch):
+            if task is not None:
+                task.cancel()
+        self._watchdog = self._tokenizer_watch = None
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
@@ -113,6 +119,21 @@ class Pipeline:
                 if reason is not None and not gen.finished:
                     log.warning("request %s: %s", gen.rid, reason)
                     gen.lost(ServiceError("scheduler_lost", reason, 503))
+
+    async def _watch_tokenizers(self) -> None:
+        """End open requests whose detokenizing tokenizer is gone, so they resume
+        through another one (on the same worker). NOTE: it probes when no request
+        is open too, so the view knows an instance before one of its requests needs it."""
+        assert self.tokenizers is not None
+        while True:
+            await asyncio.sleep(self.config.tokenizer_probe_interval)
+            open_on = {gen.detok_instance for gen in self._live if gen.detok_instance}
+            gone = await self.tokenizers.gone(open_on)
+            for gen in list(self._live):
+                if gen.detok_instance in gone and not gen.finished:
+                    reason = f"tokenizer {gen.detok_instance}, which detokenizes it, is gone"
+                    log.warning("request %s: %s", gen.rid, reason)
+                    gen.lost(ServiceError("tokenizer_lost", reason, 503))
 
     async def drain(self) -> None:
         """Wait until every cleanup message scheduled so far is published."""
@@ -201,16 +222,19 @@ class Pipeline:
             raise
         return Launched(queue, enc.input_ids, worker, enc.detok_instance, session)
 
-    async def _resubmit(self, gen: Generation, failed_worker: str, exclude: bool = True) -> None:
-        """The worker (or, ``exclude`` False, only its scheduler) is gone: resume
-        from the output delivered so far; raises 503 ``no_worker`` if no worker
-        takes it (after up to ``resume_wait`` for a lost scheduler's successor)."""
+    async def _resubmit(self, gen: Generation, failed_worker: str, exclude: bool = True,
+                        code: str = "") -> None:
+        """The worker (or, ``exclude`` False, only its scheduler or its tokenizer:
+        ``code``) is gone: resume from the output delivered so far; raises 503
+        ``no_worker`` if no worker takes it (after up to ``resume_wait`` for a lost
+        scheduler's successor, ``tokenizer_wait`` for a tokenizer)."""
         self._forget(gen)
         if exclude:
             gen.failed_workers.append(failed_worker)
         resume = Resume(seed=gen.seed, prompt_ids=gen.prompt_ids, output_ids=list(gen.output_ids),
                          emitted_chars=gen.emitted_chars)
-        deadline = time.monotonic() + (0.0 if exclude else self.config.resume_wait)
+        wait = self.config.tokenizer_wait if code == "tokenizer_lost" else self.config.resume_wait
+        deadline = time.monotonic() + (0.0 if exclude else wait)
         while True:
             rid = uuid.uuid4().hex
             try:
@@ -223,7 +247,9 @@ class Pipeline:
                 if time.monotonic() < deadline:
                     await asyncio.sleep(0.25)
                     continue
-                raise ServiceError("no_worker", f"worker {failed_worker} was lost and no other "
+                lost = ("its tokenizer was lost" if code == "tokenizer_lost"
+                        else f"worker {failed_worker} was lost")
+                raise ServiceError("no_worker", f"{lost} and no other "
                                    f"worker could resume request {gen.rid}: {exc.message}",
                                    503) from None
         self.placement.predicted.pop(rid, None)  # NOTE: only a first submission's TTFT is predicted

@@ -1,9 +1,10 @@
 """`radixmesh up` itself, as a user runs it: the real command in a subprocess on free
 ports, the real default model, its own nats-server. Two workers serve ten greedy
 chat streams while one worker is killed with SIGKILL: all ten finish as in an
-undisturbed run, the launcher restarts the worker and it serves again; the
-tokenizer, the cache index and nats-server come back the same way; `radixmesh trace last`
-shows the newest request; Ctrl-C stops everything in order and exits 0.
+undisturbed run, the launcher restarts the worker and it serves again. The tokenizer
+(its streams resume through its successor), the cache index and nats-server come
+back the same way; `radixmesh trace last` shows the newest request; Ctrl-C stops
+everything in order and exits 0.
 
 The tests run in file order on one stack (starting one costs most of the time)."""
 
@@ -207,7 +208,27 @@ async def test_a_killed_worker_loses_no_stream_and_serves_again_after_its_restar
           f"kill; the restarted worker served {serving_s:.1f}s after it")
 
 
-@pytest.mark.parametrize("service", ["tokenizer", "cache_index", "nats-server"])
+async def test_streams_whose_tokenizer_is_killed_resume_through_its_restarted_successor(up):
+    before = up.children()["tokenizer"]
+    async with httpx.AsyncClient(base_url=up.url, timeout=180) as client:
+        reference = await asyncio.gather(*(chat(client, q, max_tokens=24) for q in QUESTIONS[:3]))
+        chats, started = [Chat() for _ in range(3)], [asyncio.Event() for _ in range(3)]
+        tasks = [asyncio.create_task(chat(client, q, c, ev, max_tokens=24))
+                 for q, c, ev in zip(QUESTIONS, chats, started)]
+        await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in started)), 120)
+        os.kill(before, signal.SIGKILL)  # it detokenizes all three: their streams' state is gone
+        killed = time.monotonic()
+        results = await asyncio.gather(*tasks)
+        finished_s = time.monotonic() - killed
+    line = up.wait_for_output(r"radixmesh: tokenizer was killed by SIGKILL; restarted as pid (\d+)", 15)
+    assert up.children()["tokenizer"] == int(line.group(1)) != before
+    for ref, got in zip(reference, results):
+        assert got.status == 200 and not got.errors, got.errors
+        assert got.text == ref.text and got.finishes == ref.finishes  # no gap, no repeat
+    print(f"\ntokenizer kill: 3 streams resumed through its successor, done {finished_s:.1f}s after the kill")
+
+
+@pytest.mark.parametrize("service", ["cache_index", "nats-server"])
 async def test_a_killed_service_is_restarted_and_serves(up, service):
     before = up.children()[service]
     os.kill(before, signal.SIGKILL)
