@@ -21,3 +21,15 @@ class ChecksumMismatch(TransferError):
 
 class SlotError(TransferError):
     """Slots out of a pool's range, or repeated where each needs its own."""
+
+
+class PageTooLarge(TransferError):
+    """A page's value is larger than the store takes in one message (e.g. NATS's max_payload)."""
+
+
+class StoreError(Exception):
+    """Base of the shared page store's failures (not refusals: the store, not the caller, failed)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store is down, unreachable or did not answer within its timeout."""

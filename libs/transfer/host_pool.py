@@ -8,6 +8,8 @@ import torch
 
 from libs.kernels import KVPool
 
+from .buffer import KVBuffer
+from .codec import tokens_of
 from .errors import SlotError
 from .layout import KVLayout
 from .tokens import gather_tokens, scatter_tokens
@@ -46,6 +48,25 @@ class HostKVPool:
         rows = self._staging(len(src))
         torch.index_select(self._rows(), 0, src, out=rows.view(len(src), self.width))
         scatter_tokens(pool, dst.to(pool.device), rows.to(pool.device, non_blocking=True))
+
+    def read(self, host_slots: torch.Tensor) -> torch.Tensor:
+        """A copy of ``host_slots``' K/V, token-major [T, 2, layers, kv_heads, head_dim]
+        (unpinned: it outlives later writes into those slots)."""
+        src = _cpu_index(host_slots)
+        _bounds(src, self.num_slots, "host")
+        out = torch.empty((len(src), *self.layout.token_shape), dtype=self.data.dtype)
+        torch.index_select(self._rows(), 0, src, out=out.view(len(src), self.width))
+        return out
+
+    def write(self, host_slots: torch.Tensor, buffer: KVBuffer) -> None:
+        """Write ``buffer`` at ``host_slots``; raises a TransferError (layout, size, checksum,
+        slots) before writing anything."""
+        dst = _cpu_index(host_slots)
+        _bounds(dst, self.num_slots, "host")
+        if len(torch.unique(dst)) != len(dst):
+            raise SlotError("destination slots repeat")
+        buffer.verify(self.layout, len(dst))
+        self._rows().index_copy_(0, dst, tokens_of(buffer).view(len(dst), self.width))
 
     def _rows(self) -> torch.Tensor:
         """``data`` as [num_slots, token elements]: 2-D, so index ops take torch's row-copy path."""

@@ -25,3 +25,12 @@ def snapshot(pool: KVPool) -> list[torch.Tensor]:
 @pytest.fixture
 def pool() -> KVPool:
     return filled_pool()
+
+
+@pytest.fixture(scope="module")
+def jetstream():
+    """A nats-server with JetStream for one test module."""
+    from .jetstream import JetStreamServer
+
+    with JetStreamServer() as server:
+        yield server
