@@ -12,6 +12,7 @@ Request path (subjects in :mod:`libs.protocol.subjects`)::
     gateway --SubmitRequest--> sched.<w>.submit      (reply SubmitReply)
     scheduler --ForwardBatch--> worker.<w>.forward   (reply ForwardResult), per step
     scheduler --PrepareRegex--> worker.<w>.prepare   (publish) at a constrained submit
+    scheduler --FetchPages----> worker.<w>.fetch     (reply FetchReply) shared store -> host
     scheduler --DetokBatch----> tokenizer.detok.<t>  one per step per tokenizer
     tokenizer --GatewayBatch--> gw.<g>.out           one per batch per gateway
     tokenizer --AbortRequest--> sched.<w>.abort      when a stop string matched
@@ -371,6 +372,7 @@ class WorkerInfo(Base, tag="worker_info.v1"):
     adopted_by: str | None = None
     epoch: int = 0
     host_kv_slots: int = 0  # slots of the worker's host KV pool (0: none; see KVCopy)
+    store_page_tokens: int = 0  # tokens per page of its shared KV store (0: no store; see FetchPages)
 
 
 class AdoptRequest(Base, tag="adopt.v1"):
@@ -416,13 +418,43 @@ class KVCopy(Base, array_like=True):
     ``d2h``: device slots ``src`` -> host slots ``dst``; ``h2d``: host ``src`` ->
     device ``dst``; ``export``: device ``src`` -> a new transfer buffer ``buffer``
     (``dst`` empty); ``import``: transfer buffer ``buffer`` -> device ``dst`` (``src``
-    empty; the buffer is consumed). A slot is one token (page size 1).
+    empty; the buffer is consumed); ``put``: host ``src`` -> the shared store under
+    ``keys``, one per ``WorkerInfo.store_page_tokens`` slots (copied at this step, uploaded
+    in the background: the host slots are free again after the step). A slot is one
+    token (page size 1).
     """
 
-    kind: Literal["d2h", "h2d", "export", "import"]
+    kind: Literal["d2h", "h2d", "export", "import", "put"]
     src: list[int] = []
     dst: list[int] = []
     buffer: str = ""
+    keys: list[str] = []  # put: store keys (libs.transfer.page_key), in slot order
+
+
+class FetchPages(Base, tag="fetch_pages.v1"):
+    """Scheduler -> worker (request): download ``keys`` from the shared store into host
+    slots ``host_slots`` (``WorkerInfo.store_page_tokens`` per key, in order), in the
+    background. The reply comes when all arrived or at ``deadline_s``, whichever is first;
+    the worker writes nothing into those slots after it replies."""
+
+    keys: list[str]
+    host_slots: list[int]
+    deadline_s: float = 1.0
+
+
+class FetchReply(Base, tag="fetch_reply.v1"):
+    """``arrived``: leading pages in place and intact (use their host slots; recompute the
+    rest). ``missing`` / ``bad``: pages the store lacked / that failed their check;
+    ``nbytes`` over ``seconds``: what was downloaded (the load rate); ``error``: the store
+    failed (unavailable), ``deadline``: the deadline cut it short."""
+
+    arrived: int
+    missing: int = 0
+    bad: int = 0
+    seconds: float = 0.0
+    nbytes: int = 0
+    deadline: bool = False
+    error: str = ""
 
 
 class ForwardBatch(Base, tag="forward.v1"):

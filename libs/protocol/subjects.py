@@ -89,6 +89,9 @@ class Subjects:
     def worker_prepare(self, worker: str) -> str:
         return self._s("worker", check_token(worker), "prepare")
 
+    def worker_fetch(self, worker: str) -> str:
+        return self._s("worker", check_token(worker), "fetch")
+
     # gateway instance that holds the HTTP connection
     def gateway_out(self, instance: str) -> str:
         return self._s("gw", check_token(instance), "out")

@@ -21,6 +21,7 @@ from .compiled import DEFAULT_SIZES
 from .model_runner import ModelRunner, RunnerConfig
 from .precision import DTYPE_CHOICES
 from .service import WorkerService
+from .store_service import STORE_KINDS, StoreConfig, serve_store
 
 SERVICE = "gpu_worker"
 
@@ -36,6 +37,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=None, help="default: max_position_embeddings")
     p.add_argument("--host-kv-slots", type=int, default=int(env("RADIXMESH_HOST_KV_SLOTS", "0")),
                    help="slots of the host KV pool for device <-> host copies (0: none)")
+    p.add_argument("--kv-store", choices=STORE_KINDS, default=env("RADIXMESH_KV_STORE", "none"),
+                   help="shared KV store (L3) for host pages: nats = a JetStream KV bucket on the worker's "
+                        "broker (JetStream must be on: nats-server -js); needs --host-kv-slots")
+    p.add_argument("--kv-store-bucket", default=env("RADIXMESH_KV_STORE_BUCKET", StoreConfig.bucket))
+    p.add_argument("--kv-store-max-bytes", type=int,
+                   default=int(env("RADIXMESH_KV_STORE_MAX_BYTES", str(StoreConfig.max_bytes))),
+                   help="byte limit of the bucket when this worker creates it (full: the oldest pages go)")
     p.add_argument("--attention-backend", default=env("RADIXMESH_ATTENTION_BACKEND", "auto"),
                    help="torch | cpu | triton | flashinfer | auto (cpu, else torch, on the CPU; "
                         "best available on CUDA)")
@@ -91,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
         worker = WorkerService(
             runner, args.worker_id, served_name(args.model), ctx.subjects, args.announce_interval, ctx.detail
         )
-        await worker.start(ctx.bus)
+        await serve_store(ctx, worker, StoreConfig(args.kv_store, args.kv_store_bucket, args.kv_store_max_bytes))
+        await worker.start(ctx.bus)  # NOTE: after the store: the first announcement names it
         ctx.stack.push_async_callback(worker.stop)
 
     asyncio.run(run_service(SERVICE, config, body))

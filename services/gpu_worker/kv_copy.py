@@ -5,12 +5,14 @@ before the step's forward. The scheduler decides; this only moves bytes.
     h2d     host pool slots -> device slots        (HostKVPool.load)
     export  device slots -> a new staging buffer   (export_slots)
     import  a staging buffer -> device slots       (import_slots; the buffer is consumed)
+    put     host pool slots -> the shared store      (copied now, uploaded later: store_io.py)
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,7 +20,10 @@ import torch
 from libs.kernels import KVPool
 from libs.protocol.errors import invalid_request
 from libs.protocol.messages import KVCopy
-from libs.transfer import HostKVPool, KVLayout, StagingBuffers, TransferError, export_slots, import_slots
+from libs.transfer import HostKVPool, KVLayout, StagingBuffers, TransferError, export_slots, import_slots, valid_key
+
+if TYPE_CHECKING:
+    from .store_io import StoreIO
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class CopyOp:
     src: torch.Tensor
     dst: torch.Tensor
     buffer: str
+    keys: tuple[str, ...] = ()
 
 
 class KVCopier:
@@ -41,11 +47,16 @@ class KVCopier:
         self.layout = KVLayout.of_pool(pool)
         self.host = HostKVPool.for_pool(pool, host_slots) if host_slots else None
         self.staging = staging if staging is not None else StagingBuffers()
+        self.store_io: StoreIO | None = None  # the shared store, attached by the service (puts)
         self.last_seconds = 0.0
 
     @property
     def host_slots(self) -> int:
         return self.host.num_slots if self.host is not None else 0
+
+    @property
+    def store_page_tokens(self) -> int:
+        return self.store_io.page_tokens if self.store_io is not None else 0
 
     def run(self, copies: list[KVCopy]) -> None:
         """Check every copy, then run them in order (nothing runs if one is bad: 400).
@@ -73,6 +84,8 @@ class KVCopier:
                 self.host.load(self.pool, op.src, op.dst)
             elif op.kind == "export":
                 self.staging.put(op.buffer, export_slots(self.pool, op.src))
+            elif op.kind == "put":
+                self.store_io.stage_put(list(op.keys), op.src)
             else:
                 import_slots(self.pool, op.dst, self.staging.take(op.buffer))
 
@@ -80,7 +93,9 @@ class KVCopier:
         where = f"copies[{i}] ({copy.kind})"
         src, dst = _slots(copy.src, f"{where}.src"), _slots(copy.dst, f"{where}.dst")
         device, host = self.pool.num_slots, self.host_slots
-        if copy.kind in ("d2h", "h2d"):
+        if copy.kind == "put":
+            self._check_put(copy, src, dst, where)
+        elif copy.kind in ("d2h", "h2d"):
             _check(host > 0, f"{where}: this worker has no host KV pool (--host-kv-slots 0)")
             _check(len(src) == len(dst), f"{where}: {len(src)} source slots for {len(dst)} destination slots")
             _check(not copy.buffer, f"{where}: takes no transfer buffer")
@@ -92,11 +107,20 @@ class KVCopier:
             _check_slots(src, device, f"{where}.src")
             books.export(copy.buffer, len(src), where)
         else:
-            _check(copy.kind == "import", f"{where}: unknown kind (d2h, h2d, export or import)")
+            _check(copy.kind == "import", f"{where}: unknown kind (d2h, h2d, export, import or put)")
             _check(bool(copy.buffer) and not len(src), f"{where}: needs a buffer id and no src slots")
             _check_slots(dst, device, f"{where}.dst", unique=True)
             books.take(copy.buffer, len(dst), self.layout, where)
-        return CopyOp(copy.kind, torch.from_numpy(src), torch.from_numpy(dst), copy.buffer)
+        return CopyOp(copy.kind, torch.from_numpy(src), torch.from_numpy(dst), copy.buffer, tuple(copy.keys))
+
+    def _check_put(self, copy: KVCopy, src: np.ndarray, dst: np.ndarray, where: str) -> None:
+        page = self.store_page_tokens
+        _check(page > 0, f"{where}: this worker has no shared KV store (--kv-store none)")
+        _check(not len(dst) and not copy.buffer, f"{where}: takes host src slots and keys only")
+        _check(bool(copy.keys) and len(src) == len(copy.keys) * page,
+               f"{where}: {len(src)} slots for {len(copy.keys)} keys of {page} tokens")
+        _check(all(valid_key(k) for k in copy.keys), f"{where}: keys must be store keys (libs.transfer.page_key)")
+        _check_slots(src, self.host_slots, f"{where}.src")
 
 
 class _Books:

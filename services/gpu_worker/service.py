@@ -60,6 +60,7 @@ class WorkerService:
             worker_id=self.worker_id, model=self.model_name, kv_slots=r.config.kv_slots,
             max_requests=r.config.max_requests, max_model_len=r.max_model_len, vocab_size=r.vocab_size,
             eos_token_ids=r.eos_token_ids, dtype=r.config.dtype, host_kv_slots=r.kv_copies.host_slots,
+            store_page_tokens=r.kv_copies.store_page_tokens,
             adopted_by=self.adoption.owner, epoch=self.adoption.epoch,
         )
 

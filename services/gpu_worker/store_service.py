@@ -1,0 +1,95 @@
+"""The shared KV store on the worker's bus: ``--kv-store nats`` opens the JetStream bucket
+over a second NATS connection (page traffic never queues ahead of the step messages on
+the control connection), attaches puts to the copier and answers ``worker_fetch(id)``."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from libs.protocol.bus import Bus
+from libs.protocol.errors import invalid_request
+from libs.protocol.messages import FetchPages, FetchReply
+from libs.protocol.service import ServiceContext
+from libs.transfer import KVLayout, PageSpec, StoreError, TransferError, valid_key
+from libs.transfer.jetstream_store import DEFAULT_BUCKET, DEFAULT_MAX_BYTES, JetStreamStore
+
+from .service import WorkerService
+from .store_io import StoreIO
+
+log = logging.getLogger("gpu_worker.store")
+
+STORE_KINDS = ("none", "nats")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    kind: str = "none"
+    bucket: str = DEFAULT_BUCKET
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+
+class FetchEndpoint:
+    """``worker_fetch(id)``: FetchPages -> FetchReply; 409 unless adopted, 400 for a bad
+    request (slots out of range, repeated or already being fetched into)."""
+
+    def __init__(self, worker: WorkerService, io: StoreIO) -> None:
+        self.worker = worker
+        self.io = io
+        self._busy: set[int] = set()  # host slots of fetches in flight
+
+    async def start(self, bus: Bus) -> None:
+        w = self.worker
+        await bus.subscribe(w.subjects.worker_fetch(w.worker_id), self.on_fetch, FetchPages, concurrent=True)
+
+    async def on_fetch(self, msg: FetchPages) -> FetchReply:
+        self.worker.adoption.require_owner()
+        slots = self._check(msg)
+        self._busy.update(slots.tolist())
+        try:
+            return await self.io.fetch(msg.keys, slots, msg.deadline_s)
+        finally:
+            self._busy.difference_update(slots.tolist())
+
+    def _check(self, msg: FetchPages) -> np.ndarray:
+        page, size = self.io.page_tokens, self.io.host.num_slots
+        slots = np.asarray(msg.host_slots, dtype=np.int64).reshape(-1)
+        checks = (
+            (len(slots) == len(msg.keys) * page, f"{len(slots)} host slots for {len(msg.keys)} keys of {page} tokens"),
+            (not len(slots) or (slots.min() >= 0 and slots.max() < size), f"host slot out of range [0, {size})"),
+            (len(np.unique(slots)) == len(slots), "host slots repeat"),
+            (self._busy.isdisjoint(slots.tolist()), "host slots already being fetched into"),
+            (all(valid_key(k) for k in msg.keys), "keys must be store keys (libs.transfer.page_key)"),
+            (msg.deadline_s > 0, "deadline_s must be > 0"),
+        )
+        for ok, problem in checks:
+            if not ok:
+                raise invalid_request(f"fetch: {problem}")
+        return slots
+
+
+async def serve_store(ctx: ServiceContext, worker: WorkerService, config: StoreConfig) -> StoreIO | None:
+    """Open the store ``config`` names and serve it for ``worker`` until ``ctx`` stops."""
+    if config.kind == "none":
+        return None
+    copier = worker.runner.kv_copies
+    if copier.host is None:
+        raise SystemExit("gpu_worker: --kv-store needs a host KV pool (--host-kv-slots > 0)")
+    bus = await Bus.connect(ctx.config.nats_url, f"{ctx.service}:{ctx.config.instance}:store",
+                            credentials=ctx.config.credentials)
+    ctx.stack.push_async_callback(bus.close)
+    spec = PageSpec(KVLayout.of_pool(copier.pool))
+    try:
+        store = await JetStreamStore.open(bus.nc, spec, config.bucket, config.max_bytes)
+    except (StoreError, TransferError) as exc:
+        raise SystemExit(f"gpu_worker: --kv-store nats: {exc}") from None
+    io = StoreIO(store, copier.host)
+    io.start()
+    ctx.stack.push_async_callback(io.stop)
+    copier.store_io = io
+    await FetchEndpoint(worker, io).start(ctx.bus)
+    log.info("shared KV store: JetStream bucket %s (%d-token pages of %d bytes, at most %d bytes)",
+             config.bucket, spec.page_tokens, spec.value_bytes, config.max_bytes)
+    return io
