@@ -4,8 +4,9 @@ Each request starts with a ``--context``-token KV already in place (the table
 rows are filled directly: KV content does not change the cost), then every
 step decodes one token for the whole batch.
 
-A system is ``dtype:mode:threads`` (mode ``eager`` or ``compiled``); by default
-fp32 and bf16, eager and compiled, at ``--threads``. The systems take turns batch
+A system is ``dtype:mode:threads``: mode ``eager`` (the default runner: bf16
+weights packed for oneDNN where it has bf16), ``plain`` (eager, unpacked) or
+``compiled``; by default fp32 and bf16, eager and compiled, at ``--threads``. The systems take turns batch
 by batch, round after round, and the table reports medians: this machine is
 noisy (shared, the second vCPU sometimes delivers little), so only ratios taken
 in one run mean anything.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from contextlib import contextmanager
 
 import torch
 
@@ -46,23 +46,11 @@ def bench_decode(runner: ModelRunner, batch: int, context: int, steps: int, warm
     return (time.perf_counter() - start) / steps
 
 
-@contextmanager
-def eager(runner: ModelRunner, on: bool):
-    """Run ``runner`` without its compiled step (same weights and pool) while ``on``."""
-    saved = runner.compiled
-    if on:
-        runner.compiled = None
-    try:
-        yield runner
-    finally:
-        runner.compiled = saved
-
-
 def parse_system(text: str) -> tuple[str, str, int]:
     dtype, mode, threads = text.split(":")
     dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(dtype, dtype)
-    if dtype not in SHORT or mode not in ("eager", "compiled"):
-        raise argparse.ArgumentTypeError(f"system {text!r}: want dtype:eager|compiled:threads")
+    if dtype not in SHORT or mode not in ("eager", "plain", "compiled"):
+        raise argparse.ArgumentTypeError(f"system {text!r}: want dtype:eager|plain|compiled:threads")
     return dtype, mode, int(threads)
 
 
@@ -86,22 +74,21 @@ def main(argv: list[str] | None = None) -> None:
     else:
         systems = [(d, m, int(t)) for t in args.threads.split(",") for d in SHORT for m in ("eager", "compiled")]
     kv_slots = max(batches) * (args.context + args.steps + 3)
-    runners: dict[str, ModelRunner] = {}
-    for dtype in dict.fromkeys(s[0] for s in systems):
-        compiled = any(s[0] == dtype and s[1] == "compiled" for s in systems)
-        runners[dtype] = r = ModelRunner(RunnerConfig(
+    runners: dict[tuple[str, str], ModelRunner] = {}
+    for dtype, mode in dict.fromkeys(s[:2] for s in systems):
+        runners[dtype, mode] = r = ModelRunner(RunnerConfig(
             model=str(resolve_model(args.model)), dtype=dtype, kv_slots=kv_slots, max_requests=max(batches),
-            compile=compiled, compile_sizes=tuple(batches)))
+            compile=mode == "compiled", compile_sizes=tuple(batches), pack_weights=mode != "plain"))
         if r.compiled is not None:
             torch.set_num_threads(systems[0][2])  # NOTE: other thread counts compile in their first warm-up steps
             r.compiled.warm_up(print)
     samples: dict[tuple, list[float]] = {(s, b): [] for s in systems for b in batches}
-    for _ in range(args.rounds):
+    for i in range(args.rounds):
         for b in batches:
             for s in systems:
                 torch.set_num_threads(s[2])
-                with eager(runners[s[0]], s[1] == "eager") as runner:
-                    samples[s, b].append(b / bench_decode(runner, b, args.context, args.steps))
+                samples[s, b].append(b / bench_decode(runners[s[:2]], b, args.context, args.steps))
+            print(f"round {i + 1}/{args.rounds}: batch {b} done", flush=True)
     print_table({k: statistics.median(v) for k, v in samples.items()}, systems, batches, args)
 
 
@@ -109,7 +96,7 @@ def print_table(tps: dict[tuple, float], systems: list, batches: list[int], args
     print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} steps, "
           f"median of {args.rounds} interleaved rounds")
     ratios = [(c, e) for c in systems for e in systems
-              if c[1] == "compiled" and e[1] == "eager" and (c[0], c[2]) == (e[0], e[2])]
+              if (c[1], e[1]) in (("compiled", "eager"), ("eager", "plain")) and (c[0], c[2]) == (e[0], e[2])]
     ratios += [(a, b) for a in systems for b in systems
                if a[0] == "bfloat16" and b[0] == "float32" and a[1:] == b[1:]]
     ratios += [(a, b) for a in systems for b in systems if a[:2] == b[:2] and a[2] > b[2]]

@@ -12,7 +12,7 @@ from libs.kernels import ops as torch_ops
 from libs.kernels.ops import Rotary, rope_inv_freq
 
 from .config import ModelConfig
-from .weights import LayerWeights, load_weights
+from .weights import LayerWeights, can_pack, linear, load_weights, pack_weights
 
 
 class LlamaModel:
@@ -22,10 +22,15 @@ class LlamaModel:
     through the final norm and the LM head.
     """
 
-    def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu") -> None:
+    def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", pack: bool = True) -> None:
         self.config = cfg = ModelConfig.from_dir(path)
         self.dtype, self.device = dtype, torch.device(device)
         self.weights = load_weights(path, cfg, dtype, device)
+        # NOTE: packed (oneDNN-blocked) weights are opaque to torch.compile: a compiled
+        # step keeps plain ones
+        self.packed = pack and can_pack(dtype, self.device)
+        if self.packed:
+            pack_weights(self.weights)
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.rotary = Rotary(inv_freq, cfg.max_position_embeddings, device)
         self._q_heads = cfg.num_heads
@@ -58,7 +63,7 @@ class LlamaModel:
     def logits(self, x: torch.Tensor, last_index: torch.Tensor, ops=torch_ops) -> torch.Tensor:
         """Final norm and LM head over the rows of ``x`` at ``last_index`` (float32 logits)."""
         x = ops.rmsnorm(x.index_select(0, last_index), self.weights.final_norm, self.config.rms_norm_eps)
-        return F.linear(x, self.weights.lm_head).float()
+        return linear(x, self.weights.lm_head).float()
 
     # -- the pieces between attention calls (what a compiled step compiles) ------------
     #
@@ -80,13 +85,13 @@ class LlamaModel:
     def _attention_in(self, x, layer: LayerWeights, rope, ops):
         """q, k ([T, heads | kv_heads, D], rotated) and v of layer ``layer``."""
         cfg, t = self.config, x.shape[0]
-        qkv = F.linear(ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps), layer.qkv, layer.qkv_bias)
+        qkv = linear(ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps), layer.qkv, layer.qkv_bias)
         qk = ops.apply_rope(qkv[:, : self._qk_width].view(t, -1, cfg.head_dim), *rope)
         v = qkv[:, self._qk_width :].view(t, cfg.num_kv_heads, cfg.head_dim)
         return qk[:, : self._q_heads], qk[:, self._q_heads :], v
 
     def _layer_out(self, x, o, layer: LayerWeights, ops):
         """The residual stream after a layer's attention output ``o`` ([T, heads, D]) and its MLP."""
-        x = x + F.linear(o.reshape(x.shape[0], -1), layer.o_proj, layer.o_bias)
-        gate_up = F.linear(ops.rmsnorm(x, layer.post_norm, self.config.rms_norm_eps), layer.gate_up, layer.gate_up_bias)
-        return x + F.linear(ops.silu_mul(gate_up), layer.down, layer.down_bias)
+        x = x + linear(o.reshape(x.shape[0], -1), layer.o_proj, layer.o_bias)
+        gate_up = linear(ops.rmsnorm(x, layer.post_norm, self.config.rms_norm_eps), layer.gate_up, layer.gate_up_bias)
+        return x + linear(ops.silu_mul(gate_up), layer.down, layer.down_bias)

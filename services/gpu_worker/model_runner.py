@@ -34,6 +34,7 @@ class RunnerConfig:
     host_kv_slots: int = 0  # slots of the host KV pool for d2h/h2d copies (0: none)
     compile: bool = False  # the model's pieces between attention calls compiled (compiled.py)
     compile_sizes: tuple[int, ...] = DEFAULT_SIZES  # token-count buckets of the compiled step
+    pack_weights: bool = True  # bf16 linears on oneDNN's blocked layout where it has bf16 (weights.py)
 
 
 @dataclass
@@ -61,7 +62,7 @@ class ModelRunner:
         self.dtype_choice = resolve_dtype(config.dtype, self.device)
         self.config = config = replace(config, dtype=self.dtype_choice.name)
         self.path = Path(config.model)
-        self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device)
+        self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device, pack=config.pack_weights and not config.compile)
         mc = self.model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, DTYPES[config.dtype], self.device)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 
 from .config import ModelConfig
@@ -89,3 +90,42 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
     if not r.has(names[0]):
         return None
     return torch.cat([r.get(name) for name in names], dim=0).contiguous()
+
+
+# -- packed weights: bf16 linears on oneDNN's blocked layout (CPU) ------------------------
+#
+# torch's plain bf16 F.linear on the CPU re-lays the weight out for oneDNN on every
+# call; packing once makes batch-1 decode's matmuls ~1.5x faster here (Sapphire Rapids).
+
+_LINEARS = ("qkv", "o_proj", "gate_up", "down")
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    packed: torch.Tensor  # opaque oneDNN tensor
+    shape: tuple[int, int]  # [out, in] of the plain weight
+
+
+def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack(w: torch.Tensor) -> PackedWeight:
+    return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(w.contiguous()), tuple(w.shape))
+
+
+def pack_weights(w: ModelWeights) -> None:
+    """Replace every linear weight by its packed form (the LM head gets its own copy:
+    the embedding it is tied to stays plain for the lookup)."""
+    for layer in w.layers:
+        for name in _LINEARS:
+            setattr(layer, name, pack(getattr(layer, name)))
+    w.lm_head = pack(w.lm_head)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` over a plain or a packed weight."""
+    if isinstance(w, PackedWeight):
+        return torch.ops.mkldnn._linear_pointwise(x, w.packed, bias, "none", [], "")
+    return F.linear(x, w, bias)

@@ -92,3 +92,21 @@ def test_greedy_decode_agrees_with_hf_bf16_for_most_prompts(bf16_runner, hf_bf16
     # HF bf16 against HF fp32 on the same prompts: also 12 of 16, the earliest at token 1
     assert sum(d == NEW_TOKENS for d in first_diff) >= 10, first_diff
     assert min(first_diff) >= 1, first_diff
+
+
+def test_packed_weights_match_plain_ones(bf16_runner, tokenizer):
+    from services.gpu_worker.weights import PackedWeight, can_pack
+
+    if not can_pack(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("oneDNN has no bf16 on this CPU: weights stay plain")
+    assert bf16_runner.model.packed and isinstance(bf16_runner.model.weights.layers[0].qkv, PackedWeight)
+    plain = ModelRunner(RunnerConfig(model=str(bf16_runner.path), kv_slots=256, max_requests=2, dtype="bfloat16",
+                                     pack_weights=False))
+    assert not plain.model.packed
+    ids = tokenizer(TEXT)["input_ids"]
+    for n in (len(ids), 1):  # a prefill, and one token (the gemv shape)
+        batch = ForwardBatch(step=0, new_rows=[NewRow(row=1, **GREEDY)], rows=[1], prefix_lens=[0],
+                             extend_lens=[n], input_ids=ids[:n], out_slots=list(range(n)))
+        ours, ref = bf16_runner.logits(batch)[0], plain.logits(batch)[0]
+        assert float((ours - ref).abs().max() / ref.abs().max()) < 2e-2
+        assert int(ours.argmax()) == int(ref.argmax())
