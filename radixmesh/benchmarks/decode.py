@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (the runner, the stacks and HF)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -124,11 +125,12 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     model = resolve_model("default")
-    runner = ModelRunner(RunnerConfig(model=str(model), kv_slots=16384))
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    runner = ModelRunner(RunnerConfig(model=str(model), kv_slots=16384, dtype=args.dtype))
+    args.dtype = runner.config.dtype  # NOTE: auto resolved once, the same for every system
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, args.dtype)).eval()
     with tempfile.TemporaryDirectory() as logs:
-        config = ephemeral_stack_config(Path(logs) / "b", threads_per_worker=args.threads)
-        step_by_step = ephemeral_stack_config(Path(logs) / "b0", threads_per_worker=args.threads,
+        config = ephemeral_stack_config(Path(logs) / "b", threads_per_worker=args.threads, dtype=args.dtype)
+        step_by_step = ephemeral_stack_config(Path(logs) / "b0", threads_per_worker=args.threads, dtype=args.dtype,
                                               extra={"scheduler": ["--disable-overlap-schedule"]})
         with LocalStack(config, progress=lambda m: None) as stack, \
                 LocalStack(step_by_step, progress=lambda m: None) as stack0:
@@ -154,7 +156,7 @@ def _median(values: list[float]) -> float:
 
 def print_table(results: dict[int, dict[str, float]], args: argparse.Namespace) -> None:
     print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} decode steps, "
-          f"fp32, {args.threads} threads, median of {args.rounds} interleaved rounds")
+          f"{args.dtype}, {args.threads} threads, median of {args.rounds} interleaved rounds")
     print("| batch | (a) in-process runner | (b0) stack, step by step | (b) full stack over NATS "
           "| (c) HF generate | b/b0 | b/a | b/c |")
     print("|---|---|---|---|---|---|---|---|")
