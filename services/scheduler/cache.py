@@ -55,6 +55,13 @@ class KVCache:
         if n > 0 and self.tree:
             self.allocator.free(self.tree.evict(n))
 
+    def keep_lower_free(self, n: int) -> None:
+        """Between steps: make the lower tier have ``n`` free slots (dropping its least
+        valuable pages), so this step's evictions can demote instead of drop."""
+        tier = self.tree.tier if self.tree else None
+        if tier is not None and tier.num_free < n:
+            self.tree.evict_lower(n - tier.num_free)
+
     # -- prefixes ------------------------------------------------------------------
 
     def match(self, req: Req) -> MatchResult:

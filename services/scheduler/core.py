@@ -123,6 +123,8 @@ class SchedulerCore:
         results. None: nothing to run now (``needs_result``: not before the step
         in flight is applied)."""
         self._reap_aborted()
+        if self.host is not None:  # NOTE: room below for what this step may evict
+            self.cache.keep_lower_free(min(self.host.slots.num_slots // 2, self._step_slots()))
         interval = self.config.retract_interval
         forced = bool(interval and self.steps and self.steps % interval == 0)
         step = self.planner.plan(ahead=bool(self.inflight), force_retract=forced)
@@ -141,6 +143,10 @@ class SchedulerCore:
                 self.cache.commit(item.req)
         self.inflight.append(step)
         return batch
+
+    def _step_slots(self) -> int:
+        """The most device slots one step allocates (and so may evict)."""
+        return self.config.chunked_prefill_size + self.config.max_running_requests
 
     @property
     def last_step(self) -> Step:

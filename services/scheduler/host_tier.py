@@ -27,7 +27,12 @@ WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 class HostTier:
     """``write_policy`` (SGLang's): ``write_back`` copies a node down when it is
     evicted; ``write_through`` as soon as it is stored; ``write_through_selective``
-    at its second hit, so only reused prefixes spend host bandwidth early."""
+    at its second hit, so only reused prefixes spend host bandwidth early.
+
+    NOTE: with write_back the tier is exclusive: a node loaded back gives its host
+    copy up (and is copied down again when next evicted), so device and host
+    together hold as many documents as their sizes add up to; the write-through
+    policies keep the copy (that is their point)."""
 
     def __init__(self, num_slots: int, write_policy: str = "write_back") -> None:
         if write_policy not in WRITE_POLICIES:
@@ -40,6 +45,10 @@ class HostTier:
     @property
     def num_free(self) -> int:
         return self.slots.num_free
+
+    @property
+    def exclusive(self) -> bool:
+        return self.write_policy == "write_back"
 
     def copy_down(self, device_slots: np.ndarray) -> np.ndarray | None:
         """Copy these device slots' KV to host slots (None: the host pool is full)."""

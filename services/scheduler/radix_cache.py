@@ -105,6 +105,10 @@ class RadixCache:
                 child.value = np.asarray(slots[pos : pos + n], np.int64).copy()
                 self._evictable += n
                 self.on_event("stored", child.namespace, child.hashes)
+                if self.tier.exclusive:
+                    self._free_lower([child])
+                    self.on_event("removed", child.namespace, child.hashes, "host")
+                    child.lower = None
             node, pos = child, pos + n
         existing = pos if existing < 0 else existing
         if pos < len(key):
@@ -154,6 +158,24 @@ class RadixCache:
             if self._is_device_leaf(parent) and parent.lock_ref == 0:
                 heapq.heappush(heap, (self._priority(parent), id(parent), parent))
         return np.concatenate(freed) if freed else EMPTY
+
+    def evict_lower(self, num_tokens: int) -> int:
+        """Drop lower-tier-only leaves (least valuable first) until ``num_tokens`` of
+        the tier's slots are free again; returns how many were freed.
+        NOTE: call it between steps only: a node matched for a load-back in the
+        step being planned must not go."""
+        heap = [(self._priority(n), id(n), n) for n in self._all_nodes()
+                if not n.on_device and not n.children]
+        heapq.heapify(heap)
+        count = 0
+        while heap and count < num_tokens:
+            _, _, leaf = heapq.heappop(heap)
+            count += len(leaf.key)
+            parent = leaf.parent
+            self._drop(leaf)
+            if not parent.is_root and not parent.on_device and not parent.children:
+                heapq.heappush(heap, (self._priority(parent), id(parent), parent))
+        return count
 
     def reset(self) -> np.ndarray:
         """Drop everything (refused while anything is locked); returns the device slots."""

@@ -16,6 +16,9 @@ EMPTY = np.empty(0, np.int64)
 class LowerTier(Protocol):
     """Where evicted pages may go instead of being dropped (the memory-tiers seam)."""
 
+    num_free: int  # slots free in the tier
+    exclusive: bool  # a node back on the device gives its copy in the tier up
+
     def copy_down(self, device_slots: np.ndarray) -> np.ndarray | None:
         """Take a copy of these device slots' KV; its slots, or None to refuse."""
 

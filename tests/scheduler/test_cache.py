@@ -28,6 +28,12 @@ class HostSlots:
     def backs_up(self, hits: int) -> bool:
         return False
 
+    @property
+    def num_free(self) -> int:
+        return self.slots.num_free
+
+    exclusive = False
+
     def free(self, slots: np.ndarray) -> None:
         self.slots.free(slots)
 
@@ -121,3 +127,17 @@ def test_events_name_the_medium_and_a_page_is_stored_below_before_it_leaves():
     events.clear()
     big.evict(4)  # the tier is too small: dropped, and the index hears it left the device
     assert [e[0] for e in events] == ["removed"] and len(events[0]) == 3
+
+
+def test_a_full_lower_tier_makes_room_by_dropping_its_least_recent_pages():
+    tier = HostSlots(4)
+    tree = RadixCache(page_size=2, tier=tier)
+    tree.insert("", [1, 2, 3, 4], np.array([10, 11, 12, 13]))
+    tree.evict(4)  # A goes down: the tier is full
+    tree.insert("", [5, 6, 7, 8], np.array([20, 21, 22, 23]))
+    assert tree.evict_lower(4) == 4  # between steps: A leaves host memory ...
+    tree.evict(4)  # ... so B is demoted, not dropped
+    assert tree.peek("", [5, 6, 7, 8, 0]).lower_len == 4
+    assert tree.peek("", [1, 2, 3, 4, 0]).lower_len == 0
+    assert tree.evict_lower(100) == 4 and tier.num_free == 4 and tree.size_info().total == 0
+    tree.check_integrity()
