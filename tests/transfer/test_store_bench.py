@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from libs.transfer import store_bench
+
+
+def test_store_bench_prints_one_row_per_operation_on_a_tiny_layout(capsys):
+    store_bench.main(["--tokens", "40", "--layers", "2", "--kv-heads", "1", "--head-dim", "4", "--repeat", "1"])
+    out = capsys.readouterr().out
+    assert out.startswith("2 pages of 16 tokens (32 of a 40-token prefix)")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "ms" not in line]
+    assert [r.split("|")[1].split(" (")[0].split(",")[0].strip() for r in rows] == [
+        "seal pages", "put", "exists", "get", "get", "fetch into a host pool"]
+    for row in rows:
+        name, best, median, rate = (c.strip() for c in row.strip("|").split("|"))
+        assert float(best) > 0 and float(median) >= float(best) and float(rate) >= 0
