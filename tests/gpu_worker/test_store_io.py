@@ -125,6 +125,10 @@ async def test_bad_fetches_are_refused_and_a_deadline_is_kept(runner, jetstream,
         reply = await w.fetch(keys, list(range(64, 64 + 4 * P)), deadline_s=0.001)
         assert time.monotonic() - start < 1.0
         assert reply.deadline and reply.arrived < 4
+        w.io.max_queued_bytes = 3 * P * runner.kv_copies.layout.token_bytes  # the queue's bound: 3 pages
+        await w.copies(KVCopy(kind="put", src=list(range(4 * P)), keys=keys))  # over it: dropped, the step runs
+        await w.io.drain()
+        assert (w.io.puts.stored, w.io.puts.dropped, w.io.puts.failed) == (4, 4, 0)
 
 
 async def test_a_store_gone_fails_fetches_and_puts_but_never_a_step(runner, jetstream, subject_prefix):
