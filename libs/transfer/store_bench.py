@@ -165,15 +165,16 @@ def main(argv: list[str] | None = None) -> None:
         url = args.nats_url or stack.enter_context(jetstream_server())
         rows = asyncio.run(measure(args, url))
     if args.recompute:
-        rows.append((f"recompute instead (the model's runner, {args.threads} threads)",
-                     recompute_times(args, pages * args.page_tokens)))
+        threads = f"{args.threads} thread" + "s" * (args.threads > 1)
+        rows.append((f"recompute instead (the model's runner, {threads})", recompute_times(args, pages * args.page_tokens)))
     print(f"{pages} pages of {args.page_tokens} tokens ({pages * args.page_tokens} of a {args.tokens}-token "
           f"prefix), {layout.describe()}, {nbytes / 1e6:.1f} MB, {args.in_flight} requests in flight, "
           f"{args.storage} storage, broker {args.nats_url or 'local nats-server -js'}\n")
     print("| operation | best ms | median ms | GB/s (best) |\n|---|---:|---:|---:|")
     for name, times in rows:
         best, median = min(times), statistics.median(times)
-        print(f"| {name} | {best * 1e3:.1f} | {median * 1e3:.1f} | {nbytes / best / 1e9:.2f} |")
+        rate = "-" if name.startswith(("recompute", "exists")) else f"{nbytes / best / 1e9:.2f}"  # no bytes moved
+        print(f"| {name} | {best * 1e3:.1f} | {median * 1e3:.1f} | {rate} |")
 
 
 if __name__ == "__main__":
