@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from libs.protocol import Bus, Subjects
-from libs.protocol.messages import SchedStats, SchedStatsRequest, WorkersReply, WorkersRequest
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
+
+from .conftest import StackBus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,15 +38,9 @@ async def serve(tmp_path, name: str, host_slots: int):
                 assert tiers["device"] + tiers["host"] == body["meta_info"]["cached_tokens"]
                 from_host += tiers["host"]
             metrics = (await client.get("/metrics")).text
-        bus = await Bus.connect(stack.nats_url, "test")
-        try:
-            subjects = Subjects(config.subject_prefix)
-            (worker,) = (await bus.request(subjects.index_workers(), WorkersRequest(),
-                                           WorkersReply)).workers
-            stats = await bus.request(subjects.sched_stats(worker.worker_id),
-                                      SchedStatsRequest(), SchedStats)
-        finally:
-            await bus.close()
+        stack_bus = StackBus(stack)
+        (worker,) = (await stack_bus.workers()).workers
+        stats = await stack_bus.sched_stats(worker.worker_id)
     assert from_host == stats.host_loaded_tokens  # every loaded token reported to its request
     return outputs, stats, metrics
 
