@@ -74,12 +74,12 @@ class JetStreamStore(PageStore):
         try:
             await jsm.add_stream(config)
             return
-        except APIError as exc:
-            if not isinstance(exc, BadRequestError) or exc.err_code != _STREAM_IN_USE:
-                raise StoreError(f"JetStream refused the stream of bucket {self.bucket}: {exc.description}") from None
         except _FAILURES as exc:
             raise StoreUnavailable(f"JetStream did not answer ({type(exc).__name__}): is it enabled "
                                    "on the broker (nats-server -js)?") from None
+        except APIError as exc:
+            if not isinstance(exc, BadRequestError) or exc.err_code != _STREAM_IN_USE:
+                raise StoreError(f"JetStream refused the stream of bucket {self.bucket}: {exc}") from None
         have = (await jsm.stream_info(self.stream)).config
         if have.max_bytes != config.max_bytes:
             log.warning("bucket %s keeps its byte limit %s (asked for %s)", self.bucket, have.max_bytes,
