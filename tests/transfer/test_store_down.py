@@ -54,3 +54,14 @@ async def test_stalled_then_stopped_server_ends_calls_with_a_typed_error():
             assert store.stats.errors == 6
         finally:
             await nc.close()
+
+
+async def test_a_broker_without_jetstream_is_named_at_open(nats_server):
+    nc = await nats.connect(nats_server.url)
+    try:
+        start = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="nats-server -js"):
+            await JetStreamStore.open(nc, PageSpec(KVLayout(2, 1, 4, "float32"), P), timeout_s=TIMEOUT)
+        assert time.monotonic() - start < TIMEOUT + 1.0
+    finally:
+        await nc.close()
