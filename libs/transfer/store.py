@@ -151,12 +151,7 @@ class PageStore(ABC):
     async def batch_set(self, items: Sequence[tuple[str, bytes]]) -> int:
         """Store each (key, value); every value is checked first (TransferError: nothing sent).
         Returns how many were stored."""
-        for key, value in items:
-            if not valid_key(key):
-                raise TransferError(f"not a valid store key: {key!r}")
-            if len(value) > self.spec.value_bytes:
-                raise PageTooLarge(f"value of {len(value)} bytes for {key}: pages are {self.spec.value_bytes}")
-            self.spec.check(value)
+        await asyncio.to_thread(self._check_items, items)  # NOTE: CRC-32s, off the event loop
         todo = iter(items)
 
         async def worker() -> int:
@@ -166,6 +161,14 @@ class PageStore(ABC):
         self.stats.set_pages += stored
         self.stats.set_bytes += stored * self.spec.value_bytes
         return stored
+
+    def _check_items(self, items: Sequence[tuple[str, bytes]]) -> None:
+        for key, value in items:
+            if not valid_key(key):
+                raise TransferError(f"not a valid store key: {key!r}")
+            if len(value) > self.spec.value_bytes:
+                raise PageTooLarge(f"value of {len(value)} bytes for {key}: pages are {self.spec.value_bytes}")
+            self.spec.check(value)
 
     async def close(self) -> None:
         """Release what the store holds (not the connection it was given)."""
