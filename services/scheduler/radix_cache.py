@@ -5,13 +5,10 @@ at page boundaries. Each namespace (cache salt / tenant) has its own root, so
 identical tokens in two namespaces never share a node. Nodes locked by running
 requests are protected; unlocked device leaves are evicted LRU (or LFU) first.
 
-Tiers: a node's KV sits on the device (``value``: device slots) or only in a
-lower tier (``value`` None, ``lower``: that tier's slots). Device nodes form a
-prefix-closed subtree (a node leaves the device only after all its children
-did), so a match is a device part followed by a lower part. Eviction is the one
-place KV leaves the device: with a ``LowerTier`` it *demotes* (the tier copies
-the pages down and the node stays), else, or when the tier refuses, the node
-and everything below it is dropped.
+Tiers: a node's KV is on the device (``value``) or only in a lower tier
+(``lower``); device nodes form a prefix-closed subtree, so a match is a device
+part then a lower part. Eviction demotes through a ``LowerTier`` (the node
+stays) or, without one or when it refuses, drops the node and all below it.
 
 Every page stored or removed is recorded with its chained block hash through
 the ``on_event`` callback, so the cache index can mirror the tree: device events
@@ -28,6 +25,7 @@ import numpy as np
 
 from libs.protocol.hashing import block_hashes
 
+from .tree_check import check_tree
 from .tree_node import EMPTY, EventSink, LowerTier, MatchResult, SizeInfo, TreeNode
 
 class RadixCache:
@@ -102,13 +100,7 @@ class RadixCache:
             child.last_access = now
             if not child.on_device:
                 existing = pos if existing < 0 else existing
-                child.value = np.asarray(slots[pos : pos + n], np.int64).copy()
-                self._evictable += n
-                self.on_event("stored", child.namespace, child.hashes)
-                if self.tier.exclusive:
-                    self._free_lower([child])
-                    self.on_event("removed", child.namespace, child.hashes, "host")
-                    child.lower = None
+                self._promote(child, np.asarray(slots[pos : pos + n], np.int64).copy())
             node, pos = child, pos + n
         existing = pos if existing < 0 else existing
         if pos < len(key):
@@ -190,27 +182,8 @@ class RadixCache:
         return np.concatenate(slots) if slots else EMPTY
 
     def check_integrity(self) -> None:
-        """Raise AssertionError if sizes, locks, alignment or hashes disagree."""
-        evictable = protected = 0
-        for node in self._all_nodes():
-            assert node.on_device or node.lower is not None, "a node with its KV nowhere"
-            assert node.parent.is_root or node.parent.on_device or not node.on_device
-            for held in (node.value, node.lower):
-                assert held is None or len(held) == len(node.key) > 0
-            assert len(node.key) % self.page_size == 0
-            assert len(node.hashes) == len(node.key) // self.page_size
-            assert node.hashes == block_hashes(node.key, self.page_size, parent=node.parent.last_hash)
-            locked_children = sum(c.lock_ref for c in node.children.values())
-            assert node.lock_ref >= locked_children >= 0
-            for first, child in node.children.items():
-                assert child.parent is node and tuple(child.key[: self.page_size]) == first
-            if node.lock_ref:
-                assert node.on_device, "a locked node off the device"
-                protected += len(node.key)
-            elif node.on_device:
-                evictable += len(node.key)
-        assert (evictable, protected) == (self._evictable, self._protected), (
-            (evictable, protected), (self._evictable, self._protected))
+        """Raise AssertionError if sizes, locks, tiers, alignment or hashes disagree."""
+        check_tree(self)
 
     # -- internals --------------------------------------------------------------
 
@@ -277,6 +250,16 @@ class RadixCache:
             self._back_up(leaf)
         return leaf
 
+    def _promote(self, node: TreeNode, slots: np.ndarray) -> None:
+        """A lower-tier node is back on the device in ``slots``."""
+        node.value = slots
+        self._evictable += len(slots)
+        self.on_event("stored", node.namespace, node.hashes)
+        if self.tier.exclusive:
+            self._free_lower([node])
+            self.on_event("removed", node.namespace, node.hashes, "host")
+            node.lower = None
+
     def _back_up(self, node: TreeNode) -> None:
         """A copy in the lower tier while the node stays on the device (write-through).
         NOTE: copies run before the next step's forward, after the one writing it."""
@@ -319,6 +302,10 @@ class RadixCache:
 
     def _device_leaves(self):
         return (n for n in self._all_nodes() if self._is_device_leaf(n))
+
+    def nodes(self):
+        """Every node below the roots (any order)."""
+        return self._all_nodes()
 
     def _all_nodes(self):
         stack = [c for r in self._roots.values() for c in r.children.values()]
