@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from radixmesh.launcher import LocalStack, ephemeral_stack_config
+from radixmesh.launcher import BROKER, SERVICES, LocalStack, ephemeral_stack_config
 
 from .cluster import Cluster
 
@@ -46,8 +46,12 @@ async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dic
 
 async def test_affinity_failover_and_join(tmp_path):
     # at most 2 running requests per worker: the rest wait in the queue when it dies
+    # NOTE: the killed worker must stay dead here (the index's view of a lost worker is
+    # under test), so this stack does not restart workers; tests/launcher tests restarts
     config = ephemeral_stack_config(tmp_path, workers=2, kv_slots=4096, threads_per_worker=1,
-                                    extra={"scheduler": ["--max-running-requests", "2"]})
+                                    extra={"scheduler": ["--max-running-requests", "2"]},
+                                    supervise=tuple(s for s in (*SERVICES, BROKER)
+                                                    if s != "gpu_worker"))
     stack = LocalStack(config, progress=lambda m: None).start()
     extra = None
     try:
