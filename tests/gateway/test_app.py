@@ -66,14 +66,7 @@ async def test_health_needs_tokenizer_and_a_worker(pipeline, bus):
         missing = " ".join(resp.json()["missing"])
         assert "tokenizer" in missing and "cache_index" in missing
 
-        async def pong(_: Ping) -> Pong:
-            return Pong(service="tokenizer", instance="tok-1", uptime_s=1.0)
-
-        async def list_workers(_: WorkersRequest) -> WorkersReply:
-            return WorkersReply(workers=list(workers))
-
-        await bus.subscribe(subjects.ping("tokenizer"), pong, Ping)
-        await bus.subscribe(subjects.index_workers(), list_workers, WorkersRequest)
+        await _answer_health(bus, subjects, workers)
         resp = await client.get("/health")
         assert resp.status_code == 503
         assert resp.json()["missing"] == ["workers: the cache index knows no live worker"]
@@ -117,14 +110,7 @@ async def test_health_is_degraded_while_a_worker_is_gone_and_ok_once_it_is_back(
     app = create_app(pipeline, GatewaySettings("m"), health)
     workers = [_summary("w1"), _summary("w2")]
 
-    async def pong(_: Ping) -> Pong:
-        return Pong(service="tokenizer", instance="tok-1", uptime_s=1.0)
-
-    async def list_workers(_: WorkersRequest) -> WorkersReply:
-        return WorkersReply(workers=list(workers))
-
-    await bus.subscribe(subjects.ping("tokenizer"), pong, Ping)
-    await bus.subscribe(subjects.index_workers(), list_workers, WorkersRequest)
+    await _answer_health(bus, subjects, workers)
     async with _client(app) as client:
         assert (await client.get("/health")).json() == {"status": "ok", "tokenizer": "tok-1", "workers": 2}
         workers.pop()  # w2 died
@@ -163,3 +149,16 @@ async def test_health_is_degraded_when_only_the_gateways_own_load_view_has_worke
         body = resp.json()
         assert body["status"] == "degraded" and body["workers"] == 1
         assert "cache_index" in body["detail"] and "own load view" in body["detail"]
+
+
+async def _answer_health(bus, subjects, workers: list) -> None:
+    """A tokenizer that answers pings and a cache index that lists ``workers`` (live list)."""
+
+    async def pong(_: Ping) -> Pong:
+        return Pong(service="tokenizer", instance="tok-1", uptime_s=1.0)
+
+    async def list_workers(_: WorkersRequest) -> WorkersReply:
+        return WorkersReply(workers=list(workers))
+
+    await bus.subscribe(subjects.ping("tokenizer"), pong, Ping)
+    await bus.subscribe(subjects.index_workers(), list_workers, WorkersRequest)
