@@ -166,7 +166,8 @@ class LocalStack:
     def _start_broker(self) -> None:
         cfg = self.config
         self.nats = NatsServer(port=cfg.nats_port or None, host=cfg.nats_host,
-                               log_file=cfg.log_dir / f"{BROKER}.log").start()
+                               log_file=cfg.log_dir / f"{BROKER}.log",
+                               jetstream_dir=cfg.log_dir / "jetstream").start()
         self.nats_url = self.nats.url
         nats = self.nats
         self._broker = _Proc(BROKER, BROKER, nats.proc, nats.log_file, lambda: nats.start().proc)

@@ -58,7 +58,7 @@ class NatsServer:
     def __init__(self, port: int | None = None, log_file: str | os.PathLike | None = None,
                  max_payload: int = 8 * 1024 * 1024, user: str | None = None,
                  password: str | None = None, tls: ServerTls | None = None,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", jetstream_dir: str | os.PathLike | None = None) -> None:
         self.port = port or free_port()
         self.host = host
         self.log_file = Path(log_file) if log_file else None
@@ -67,6 +67,7 @@ class NatsServer:
         self.user = user
         self.password = password
         self.tls = tls
+        self.jetstream_dir = Path(jetstream_dir) if jetstream_dir else None  # None: no JetStream
         self.proc: subprocess.Popen | None = None
 
     def config_text(self) -> str:
@@ -80,6 +81,8 @@ class NatsServer:
             if self.tls.ca:
                 tls += [f"ca_file: {q(self.tls.ca)}", "verify: true"]
             lines.append("tls { " + ", ".join(tls) + " }")
+        if self.jetstream_dir is not None:  # NOTE: the shared KV store (--kv-store nats) needs it
+            lines.append(f"jetstream {{ store_dir: {q(str(self.jetstream_dir))} }}")
         return "\n".join(lines) + "\n"
 
     @property
