@@ -141,6 +141,10 @@ class RouteReply(Base, tag="route_reply.v1"):
     worker_id: str
     policy: str
     predicted_ttft_s: float = 0.0  # the router's prediction for the chosen worker (0: none)
+    # a decode worker's prefill peer ("": the decode worker prefills itself) and the
+    # router's predicted prefill seconds there (the transfer deadline is built on it)
+    prefill_worker: str = ""
+    prefill_predicted_s: float = 0.0
 
 
 class ReleaseRequest(Base, tag="release.v1"):
@@ -168,6 +172,8 @@ class LoadReport(Base, tag="load.v1"):
     host_load_tps: float = 0.0  # measured tokens/s loaded back from the host tier (0: unknown)
     alive: bool = True  # False: the scheduler let this worker go; route elsewhere now
     session: str = ""  # random per adoption: a new value means earlier requests were lost
+    role: str = "both"  # WorkerInfo.role
+    kv_layout: str = ""  # WorkerInfo.kv_layout: prefill and decode peers must match
 
 
 class WorkerSummary(Base):
@@ -202,6 +208,10 @@ class SubmitRequest(Base, tag="submit.v1"):
     # a resumed request (its worker died): the last ``num_output_tokens`` of
     # input_ids are output already generated; they count toward max_new_tokens
     num_output_tokens: int = 0
+    # disaggregated: this (decode) worker's scheduler asks ``prefill_worker``'s for the
+    # prompt's KV and first token (see PrefillRequest); "": it prefills itself
+    prefill_worker: str = ""
+    prefill_predicted_s: float = 0.0
 
 
 class SubmitReply(Base, tag="submit_reply.v1"):
@@ -283,6 +293,12 @@ class SchedStats(Base, tag="sched_stats_reply.v1"):
     host_free_slots: int = 0
     host_demoted_tokens: int = 0
     host_loaded_tokens: int = 0
+    # prefill/decode: transfers this worker received (decode side) or sent (prefill side)
+    kv_transfers_in: int = 0
+    kv_transfers_out: int = 0
+    kv_transfer_bytes: int = 0  # received
+    kv_transfer_seconds: float = 0.0  # received: request sent -> KV ready
+    kv_transfer_failures: dict[str, int] = {}  # by reason: decode side fell back to its own prefill
 
 
 class FlushRequest(Base, tag="flush.v1"):
@@ -373,6 +389,12 @@ class WorkerInfo(Base, tag="worker_info.v1"):
     epoch: int = 0
     host_kv_slots: int = 0  # slots of the worker's host KV pool (0: none; see KVCopy)
     store_page_tokens: int = 0  # tokens per page of its shared KV store (0: no store; see FetchPages)
+    # prefill/decode disaggregation: "both" (colocated), "prefill" or "decode"; the KV
+    # layout (libs.transfer.KVLayout.describe()) two peers must share; the host the
+    # worker runs on (peers with the same host_id move KV through shared memory)
+    role: str = "both"
+    kv_layout: str = ""
+    host_id: str = ""
 
 
 class AdoptRequest(Base, tag="adopt.v1"):
@@ -497,3 +519,120 @@ class ForwardResult(Base, tag="forward_result.v1"):
     top_logprobs: list[float] = []
     top_k: int = 0
     copy_ms: float = 0.0  # of forward_ms: the step's KV copies
+
+
+# -- prefill/decode disaggregation --------------------------------------------
+#
+#   gateway --SubmitRequest(prefill_worker=P)--> sched.<D>.submit
+#   D's scheduler preallocates the prompt's slots beyond its cached prefix, then
+#     --PrefillRequest--> sched.<P>.prefill                       -> PrefillAck
+#   P's scheduler prefills (its own cache applies), samples the first token, then
+#     --KVSend--> worker.<P>.kv_send: P's worker exports the slots and pushes them to
+#     D's worker (KVShmReady on one host, KVChunk otherwise)        -> KVSendReply
+#     --KVReady--> sched.<D>.kv_ready (also on every failure: ok False)
+#   D's scheduler imports the staged buffer into the preallocated slots with the next
+#   step (KVCopy "import") and emits every token, the first included. A failure, a
+#   refusal or the deadline: D prefills the request itself (the slots are already its).
+
+
+class PrefillRequest(Base, tag="prefill.v1"):
+    """Decode scheduler -> prefill scheduler (request; reply PrefillAck): compute
+    ``input_ids`` and the first token, then push the KV of positions [``skip``, len)
+    to ``decode_worker`` as transfer ``transfer_id`` (``kv_layout`` and ``model``
+    must match the prefill worker's: else 409 config_mismatch)."""
+
+    transfer_id: str
+    rid: str  # the client's request (logs, traces)
+    input_ids: list[int]
+    sampling: SamplingParams  # the first token is sampled with these and ``seed``
+    seed: int
+    decode_worker: str
+    decode_host: str
+    model: str
+    kv_layout: str
+    skip: int = 0  # leading tokens the decode worker holds already: not sent
+    cache_salt: str = ""
+    deadline_s: float = 10.0  # the decode side gives up (and prefills itself) after this
+
+
+class PrefillAck(Base, tag="prefill_ack.v1"):
+    queue_position: int
+    session: str = ""
+
+
+class KVReady(Base, tag="kv_ready.v1"):
+    """Prefill scheduler -> decode scheduler (publish): transfer ``transfer_id`` ended.
+    ``ok``: ``num_tokens`` tokens are staged on the decode worker as buffer
+    ``staging_id(transfer_id)`` and ``first_token`` was sampled; otherwise ``error``
+    says why (the decode side prefills itself)."""
+
+    transfer_id: str
+    ok: bool
+    first_token: int = -1
+    num_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, cached on the prefill worker
+    nbytes: int = 0
+    seconds: float = 0.0  # export + push on the prefill worker
+    path: str = ""  # "shm" or "nats"
+    prefill_worker: str = ""
+    error: ErrorInfo | None = None
+
+
+class KVSend(Base, tag="kv_send.v1"):
+    """Prefill scheduler -> its worker (request; reply KVSendReply): export ``slots``
+    and push them to ``dest_worker`` as ``transfer_id``, within ``deadline_s``.
+    The reply comes once the destination holds the whole buffer, checked."""
+
+    transfer_id: str
+    slots: list[int]
+    dest_worker: str
+    dest_host: str = ""
+    deadline_s: float = 10.0
+
+
+class KVSendReply(Base, tag="kv_send_reply.v1"):
+    ok: bool
+    nbytes: int = 0
+    seconds: float = 0.0
+    path: str = ""
+    chunks: int = 0
+    error: str = ""  # why not (ok False): "timeout", "checksum", "refused: ...", ...
+
+
+class KVChunk(Base, tag="kv_chunk.v1"):
+    """Worker -> worker (request; reply KVChunkAck): part ``index`` of ``count`` of a
+    sealed KVBuffer's bytes (``total_bytes`` in all), with its own CRC-32."""
+
+    transfer_id: str
+    index: int
+    count: int
+    total_bytes: int
+    crc: int
+    data: bytes
+
+
+class KVShmReady(Base, tag="kv_shm.v1"):
+    """Worker -> worker on one host (request; reply KVChunkAck): a sealed KVBuffer of
+    ``nbytes`` lies in the shared-memory file ``name``; the receiver reads and removes it."""
+
+    transfer_id: str
+    name: str
+    nbytes: int
+
+
+class KVChunkAck(Base, tag="kv_chunk_ack.v1"):
+    ok: bool
+    staged: bool = False  # the whole buffer arrived, checked, and is staged
+    error: str = ""
+
+
+class KVDrop(Base, tag="kv_drop.v1"):
+    """Scheduler -> its worker (publish): forget these transfers (staged buffers freed;
+    chunks arriving later are dropped)."""
+
+    transfer_ids: list[str]
+
+
+def staging_id(transfer_id: str) -> str:
+    """The staging buffer id under which a transfer's KV waits on the decode worker."""
+    return f"xfer-{transfer_id}"

@@ -73,6 +73,13 @@ class Subjects:
     def sched_snapshot(self, worker: str) -> str:
         return self._s("sched", check_token(worker), "snapshot")
 
+    # prefill/decode: a decode worker's scheduler asks a prefill worker's, which answers
+    def sched_prefill(self, worker: str) -> str:
+        return self._s("sched", check_token(worker), "prefill")
+
+    def sched_kv_ready(self, worker: str) -> str:
+        return self._s("sched", check_token(worker), "kv_ready")
+
     # gpu worker
     def worker_announce(self) -> str:
         return self._s("worker", "announce")
@@ -91,6 +98,19 @@ class Subjects:
 
     def worker_fetch(self, worker: str) -> str:
         return self._s("worker", check_token(worker), "fetch")
+
+    # prefill/decode data path: the scheduler asks its worker to send; workers push to workers
+    def worker_kv_send(self, worker: str) -> str:
+        return self._s("worker", check_token(worker), "kv_send")
+
+    def worker_kv_recv(self, worker: str) -> str:
+        return self._s("worker", check_token(worker), "kv_recv")
+
+    def worker_kv_shm(self, worker: str) -> str:
+        return self._s("worker", check_token(worker), "kv_shm")
+
+    def worker_kv_drop(self, worker: str) -> str:
+        return self._s("worker", check_token(worker), "kv_drop")
 
     # gateway instance that holds the HTTP connection
     def gateway_out(self, instance: str) -> str:
