@@ -30,6 +30,7 @@ from libs.protocol.messages import (
 from .allocator import RowAllocator
 from .cache import KVCache
 from .config import CoreConfig
+from .disagg import DecodeBook, PrefillBook
 from .reports import EventLog, StepRates
 from .host_tier import HostTier
 from .intake import check_request, end_ids
@@ -62,6 +63,8 @@ class SchedulerCore:
         self._by_rid: dict[str, Req] = {}
         self._early_aborts: OrderedDict[str, bool] = OrderedDict()
         self._out: list[tuple[str, TokenDelta]] = []
+        self.decode = DecodeBook(self)  # prompts a prefill worker computes for us
+        self.prefill = PrefillBook(self)  # prompts we compute for decode workers
 
     @property
     def waiting(self):
@@ -72,7 +75,7 @@ class SchedulerCore:
         return self.planner.running
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.decode.arrived or self.decode.queue)
 
     # -- intake ---------------------------------------------------------------
 
@@ -89,8 +92,11 @@ class SchedulerCore:
         check_request(req, self.info)
         if req.sampling.regex:
             req.end_ids = end_ids(req, self.info.eos_token_ids)
-        self.waiting.append(req)
         self._by_rid[req.rid] = req
+        if req.transfer is not None:  # NOTE: its prompt is computed by a prefill worker
+            self.decode.submit(req)
+            return len(self.decode.queue)
+        self.waiting.append(req)
         return len(self.waiting) - 1
 
     def abort(self, rid: str, reason: str = "abort") -> bool:
@@ -103,7 +109,9 @@ class SchedulerCore:
                 self._early_aborts.popitem(last=False)
             return False
         req.aborted = True
-        if req in self.waiting:
+        if req.transfer is not None:
+            self.decode.abort(req)
+        elif req in self.waiting:
             self.waiting.remove(req)
             self._finish(req, "abort")
         return True
@@ -125,18 +133,21 @@ class SchedulerCore:
         self._reap_aborted()
         if self.host is not None:  # NOTE: room below for what this step may evict
             self.cache.keep_lower_free(min(self.host.slots.num_slots // 2, self._step_slots()))
+        self.decode.preallocate_queued()
+        imports = self.decode.activate()  # NOTE: they must ride this very batch
         interval = self.config.retract_interval
         forced = bool(interval and self.steps and self.steps % interval == 0)
         step = self.planner.plan(ahead=bool(self.inflight), force_retract=forced)
         self.needs_result = step.sync
-        if not step.items:
+        if not step.items and not imports:
             return None
         self.steps += 1
-        self.batch_sizes[len(step.items)] += 1
+        self.batch_sizes[len(step.items)] += bool(step.items)
         batch = step.to_batch(self.steps)
         if self.host is not None:
             batch.copies = self.host.take_copies()  # NOTE: they run before this step's forward
             step.copied = sum(len(c.src) for c in batch.copies)
+        batch.copies += imports
         step.launch()
         for item in step.items:
             if not item.decode:  # NOTE: shareable now: any step sent later reads it after it is written
@@ -184,7 +195,8 @@ class SchedulerCore:
 
     def fail_all(self, error: ErrorInfo) -> None:
         """The worker is gone: every request ends with ``error``."""
-        for req in list(self.waiting) + self.running:
+        ending = list(self.waiting) + self.running + self.decode.fail_all() + self.prefill.fail_all()
+        for req in ending:
             req.error = error
             self._finish(req, "error")
         self.waiting.clear()
@@ -212,12 +224,12 @@ class SchedulerCore:
         info = self.info
         return LoadReport(
             worker_id=info.worker_id, scheduler_id=scheduler_id, model=info.model,
-            running=len(self.running), waiting=len(self.waiting),
+            running=len(self.running), waiting=len(self.waiting) + len(self.decode),
             free_slots=self.cache.available, total_slots=info.kv_slots,
             max_model_len=info.max_model_len, ts=ts,
             queued_prefill_tokens=self.queued_prefill_tokens(), prefill_tps=rates.prefill_tps,
             decode_step_s=rates.decode_step_s, alive=alive, session=session,
-            host_load_tps=rates.host_load_tps,
+            host_load_tps=rates.host_load_tps, role=info.role, kv_layout=info.kv_layout,
         )
 
     def stats(self) -> SchedStats:
@@ -232,6 +244,9 @@ class SchedulerCore:
             cached_tokens=p.cached_tokens, retractions=p.retractions,
             cache_enabled=self.cache.tree is not None,
             evictable_slots=size[0], protected_slots=size[1], **self._host_stats(),
+            kv_transfers_in=self.decode.received, kv_transfers_out=self.prefill.sent,
+            kv_transfer_bytes=self.decode.nbytes, kv_transfer_seconds=self.decode.seconds,
+            kv_transfer_failures=dict(self.decode.failures),
         )
 
     def _host_stats(self) -> dict[str, int]:
@@ -243,7 +258,21 @@ class SchedulerCore:
 
     # -- internals -------------------------------------------------------------
 
+    def emit_token(self, req: Req, token: int) -> None:
+        self._append(req, token)
+
+    def end(self, req: Req, reason: str) -> None:
+        self._finish(req, reason)
+
+    def account_prompt(self, req: Req) -> None:
+        """A request admitted without the planner (its prompt computed elsewhere)."""
+        self.planner.prompt_tokens += req.prompt_len
+        self.planner.cached_tokens += req.cached_tokens
+
     def _append(self, req: Req, token: int) -> None:
+        if req.handoff is not None:  # NOTE: the decode worker emits it, not us
+            self.prefill.sampled_first(req, token)
+            return
         req.output_ids.append(token)
         self.generated += 1
         reason = self._finish_reason(req, token)
@@ -277,6 +306,11 @@ class SchedulerCore:
         self.planner.drop(req)
         self._by_rid.pop(req.rid, None)
         self.finished += 1
+        if req.handoff is not None:
+            if reason != "handoff":  # NOTE: ended before its KV went out: tell the decode side
+                self.prefill.failed.append((req, req.error or ErrorInfo(
+                    code=f"prefill_{reason}", message=f"the prefill ended: {reason}", status=503)))
+            return
         self._out.append((req.detok_instance, TokenDelta(
             rid=req.rid, token_ids=tokens or [], finish_reason=reason, error=req.error,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),

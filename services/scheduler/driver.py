@@ -54,6 +54,7 @@ class StepDriver:
         self.active_s = 0.0
         self.busy_s = 0.0
         self.rates = StepRates()
+        self.on_flush = None  # called after each flush (the prefill/decode link pumps)
 
     @property
     def idle_fraction(self) -> float:
@@ -69,6 +70,9 @@ class StepDriver:
     def abort(self, rid: str, reason: str) -> None:
         if self.core.abort(rid, reason):
             self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
 
     def stop(self) -> None:
         self._stopped = True
@@ -102,8 +106,9 @@ class StepDriver:
             except ServiceError as exc:
                 await self._lost(oldest.number, exc)
             self._account(result.forward_ms / 1e3)
-            self.rates.measure([item.tokens for item in oldest.items],
-                               (result.forward_ms - result.copy_ms) / 1e3)
+            if oldest.items:  # NOTE: not a copy-only step
+                self.rates.measure([item.tokens for item in oldest.items],
+                                   (result.forward_ms - result.copy_ms) / 1e3)
             self.rates.copied(oldest.copied, result.copy_ms / 1e3)
             self.tracer.step_done(self.core.complete(result))
 
@@ -171,6 +176,8 @@ class StepDriver:
         events = self.core.take_events()
         if events is not None:
             await self.bus.publish(self.subjects.index_events(self.worker_id), events)
+        if self.on_flush is not None:
+            self.on_flush()
         deltas = self.core.take_deltas()
         if not deltas:
             return

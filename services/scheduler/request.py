@@ -47,6 +47,30 @@ class KVHold:
 
 
 @dataclass(eq=False)
+class Handoff:
+    """Prefill side of prefill/decode: this request computes a decode worker's prompt;
+    its first token and the KV of positions [skip, prompt) go to ``decode_worker``."""
+
+    transfer_id: str
+    decode_worker: str
+    decode_host: str
+    skip: int
+    deadline_s: float
+    first_token: int = -1
+
+
+@dataclass(eq=False)
+class Transfer:
+    """Decode side: the prompt's KV beyond ``skip`` comes from ``prefill_worker``."""
+
+    transfer_id: str
+    prefill_worker: str
+    predicted_s: float  # the router's predicted prefill seconds there
+    skip: int = 0
+    sent_at: float = 0.0  # PrefillRequest sent (monotonic); 0: still preallocating
+
+
+@dataclass(eq=False)
 class Req:
     rid: str
     input_ids: list[int]
@@ -71,6 +95,8 @@ class Req:
     lp_next: int = -1
     lp_pending: Logprobs | None = None
     end_ids: list[int] = field(default_factory=list)  # with sampling.regex: ids that may end it
+    handoff: Handoff | None = None  # a prefill for a decode worker (prefill side)
+    transfer: Transfer | None = None  # its prompt's KV comes from a prefill worker (decode side)
 
     def __post_init__(self) -> None:
         if self.sampling.seed is not None:

@@ -12,12 +12,15 @@ import msgspec
 
 from libs.protocol import Bus, ServiceError, Subjects, errors
 from libs.protocol.messages import (
-    AbortRequest, ErrorInfo, FlushReply, FlushRequest, KVSnapshot, LeaseRenew, LoadReport,
-    PrepareRegex, SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply, SubmitRequest, WorkerInfo,
+    AbortRequest, ErrorInfo, FlushReply, FlushRequest, KVReady, KVSnapshot, LeaseRenew, LoadReport,
+    PrefillRequest, PrepareRegex, SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply,
+    SubmitRequest, WorkerInfo,
 )
 
 from .config import CoreConfig
 from .core import SchedulerCore
+from .disagg import remote_eligible
+from .disagg_bus import DisaggLink
 from .intake import check_regex
 from .request import Req
 from .driver import StepDriver, WorkerLost
@@ -39,6 +42,8 @@ class WorkerSession:
         self.driver = StepDriver(bus, subjects, SchedulerCore(info, config), forward_timeout)
         self.last_seen = time.monotonic()
         self.session = secrets.token_hex(6)  # names this adoption in replies and load reports
+        self.link = DisaggLink(bus, subjects, self.driver, self.session)
+        self.driver.on_flush = self.link.pump
         self.closed = asyncio.Event()
         self._subs: list = []
         self._tasks: list[asyncio.Task] = []
@@ -55,8 +60,11 @@ class WorkerSession:
             await self.bus.subscribe(s.sched_stats(w), self._on_stats, SchedStatsRequest),
             await self.bus.subscribe(s.sched_flush(w), self._on_flush, FlushRequest),
             await self.bus.subscribe(s.sched_snapshot(w), self._on_snapshot, SnapshotRequest),
+            await self.bus.subscribe(s.sched_prefill(w), self.link.on_prefill, PrefillRequest),
+            await self.bus.subscribe(s.sched_kv_ready(w), self.link.on_ready, KVReady),
         ]
         self._tasks = [
+            asyncio.create_task(self.link.watch()),
             asyncio.create_task(self._drive()),
             asyncio.create_task(self._renew_lease()),
             asyncio.create_task(self._report_load()),
@@ -78,6 +86,7 @@ class WorkerSession:
                 task.cancel()
         self.driver.fail_all(ErrorInfo(code="worker_lost", status=503,
                                      message=f"worker {self.worker_id} lost: {reason}"))
+        self.link.close()
         await self.driver.flush()
         with contextlib.suppress(Exception):
             await self.bus.publish(self.subjects.index_load(self.worker_id),
@@ -94,7 +103,11 @@ class WorkerSession:
                   output_ids=output)
         if output and req.lp_next >= 0:  # logprobs of the replayed output went out already
             req.lp_next = max(req.lp_next, req.fill_len)
+        if msg.prefill_worker and msg.prefill_worker != self.worker_id and remote_eligible(req):
+            self.link.attach(req, msg.prefill_worker, msg.prefill_predicted_s)
         position = self.driver.submit(req)
+        if req.transfer is not None:
+            self.link.pump()
         if req.sampling.regex:  # NOTE: the worker compiles it while the request queues
             await self._announce_pattern(req.sampling.regex)
         return SubmitReply(queue_position=position, session=self.session)

@@ -23,9 +23,15 @@ class SlotWorker:
         self.table = np.zeros((max_requests, max_len), dtype=np.int64)
         self.vocab = vocab
         self.last = np.full(max_requests, -1, dtype=np.int64)
+        self.staging: dict[str, np.ndarray] = {}  # transfer buffers: what an import takes
 
     def run(self, batch: ForwardBatch) -> ForwardResult:
         for copy in batch.copies:  # NOTE: in order, before the forward, as the worker runs them
+            if copy.kind == "import":
+                data = self.staging.pop(copy.buffer)
+                assert len(data) == len(copy.dst) and (data >= 0).all()
+                self.kv[copy.dst] = data
+                continue
             assert copy.kind in ("d2h", "h2d") and len(copy.src) == len(copy.dst)
             src, dst = (self.kv, self.host) if copy.kind == "d2h" else (self.host, self.kv)
             assert (src[copy.src] >= 0).all(), f"{copy.kind} of slots nobody wrote"
