@@ -17,17 +17,38 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
 from libs.protocol.messages import ErrorInfo, KVCopy, KVReady, SamplingParams, staging_id
 
-from .allocator import OutOfSlots
+from .allocator import OutOfSlots, RowAllocator
+from .cache import KVCache
+from .config import CoreConfig
+from .planner import Planner
 from .request import Req
 
-if TYPE_CHECKING:
-    from .core import SchedulerCore
+
+class Core(Protocol):
+    """What the books use of the scheduler core (core.py)."""
+
+    config: CoreConfig
+    cache: KVCache
+    rows: RowAllocator
+    planner: Planner
+
+    @property
+    def waiting(self): ...
+
+    @property
+    def running(self) -> list[Req]: ...
+
+    def emit_token(self, req: Req, token: int) -> None: ...
+
+    def end(self, req: Req, reason: str) -> None: ...
+
+    def account_prompt(self, req: Req) -> None: ...
 
 
 def remote_eligible(req: Req) -> bool:
@@ -39,7 +60,7 @@ def remote_eligible(req: Req) -> bool:
 
 
 class DecodeBook:
-    def __init__(self, core: "SchedulerCore") -> None:
+    def __init__(self, core: Core) -> None:
         self.core = core
         self.queue: deque[Req] = deque()  # waiting for room to preallocate
         self.pending: dict[str, Req] = {}  # transfer id -> preallocated, KV on its way
@@ -221,7 +242,7 @@ def deadline_s(req: Req) -> float:
 
 
 class PrefillBook:
-    def __init__(self, core: "SchedulerCore") -> None:
+    def __init__(self, core: Core) -> None:
         self.core = core
         self.sampled: list[Req] = []  # first token sampled: the bus side sends their KV
         self.sending: set[Req] = set()
