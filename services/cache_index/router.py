@@ -21,6 +21,7 @@ KEY_TOKENS = 64  # prefix_hash keys on the first pages of the prompt
 class Decision(NamedTuple):
     chosen: Candidate
     candidates: list[Candidate]
+    prefill: Candidate | None = None  # a decode worker's prefill peer (None: it prefills itself)
 
     def attributes(self, policy: str) -> dict[str, object]:
         """Span attributes: the winner, the policy and every candidate, as parallel arrays."""
@@ -34,6 +35,7 @@ class Decision(NamedTuple):
             "radixmesh.route.load": [x.load for x in c],
             "radixmesh.route.queued_tokens": [x.queued_tokens for x in c],
             "radixmesh.route.score": [x.score for x in c],
+            "radixmesh.route.prefill_worker": self.prefill.worker_id if self.prefill else "",
         }
 
 
@@ -47,14 +49,29 @@ class Router:
         self.policy = POLICIES[policy]()
 
     def route(self, req: RouteRequest) -> Decision:
+        """The worker that serves ``req``: a colocated or decode worker (a prefill-only
+        worker only when no other is live); a decode worker gets a prefill peer of the
+        same KV layout, picked by the same policy over the prefill workers."""
         if req.num_tokens <= 0:
             raise errors.invalid_request("num_tokens must be positive")
         states = [s for s in self.registry.live(req.model)
                   if s.report.worker_id not in req.exclude]
         if not states:
             raise errors.unavailable(f"no live worker serves model {req.model!r}")
-        now = self.registry.clock()
         hashes: dict[int, list[int]] = {}
+        serving = [s for s in states if s.report.role != "prefill"] or states
+        cands = self._candidates(serving, req, hashes)
+        chosen = self._pick(cands, req, hashes)
+        prefill = None
+        if chosen.state.report.role == "decode":
+            peers = [s for s in states if s.report.role == "prefill"
+                     and s.report.kv_layout == chosen.state.report.kv_layout]
+            if peers:
+                prefill = self._pick(self._candidates(peers, req, hashes), req, hashes)
+        return Decision(chosen, cands, prefill)
+
+    def _candidates(self, states, req: RouteRequest, hashes: dict[int, list[int]]) -> list[Candidate]:
+        now = self.registry.clock()
         cands = []
         for state in states:
             wid = state.report.worker_id
@@ -72,6 +89,9 @@ class Router:
             )
             cand.score = score(cand, req.num_tokens)
             cands.append(cand)
+        return cands
+
+    def _pick(self, cands: list[Candidate], req: RouteRequest, hashes: dict[int, list[int]]) -> Candidate:
         chosen = self.policy(cands, req.num_tokens, self._key(req))
         page = self.index.page_size(chosen.worker_id)
         self.registry.book(chosen.worker_id, req.rid,
@@ -82,7 +102,7 @@ class Router:
                       req.rid, req.num_tokens, chosen.worker_id, self.policy_name,
                       [(c.worker_id, c.cached, c.load, c.queued_tokens, round(c.score, 4))
                        for c in cands])
-        return Decision(chosen, cands)
+        return chosen
 
     @staticmethod
     def _key(req: RouteRequest) -> int:

@@ -79,8 +79,11 @@ class CacheIndex:
             if span.is_recording():
                 span.set_attributes(decision.attributes(self.router.policy_name))
                 span.set_attributes({"radixmesh.rid": req.rid, "radixmesh.prompt_tokens": req.num_tokens})
+        prefill = decision.prefill
         return RouteReply(worker_id=decision.chosen.worker_id, policy=self.router.policy_name,
-                          predicted_ttft_s=predict_ttft(decision.chosen, req.num_tokens))
+                          predicted_ttft_s=predict_ttft(prefill or decision.chosen, req.num_tokens),
+                          prefill_worker=prefill.worker_id if prefill else "",
+                          prefill_predicted_s=predict_ttft(prefill, req.num_tokens) if prefill else 0.0)
 
     async def _on_release(self, msg: ReleaseRequest) -> None:
         self.registry.release(msg.worker_id, msg.rid)

@@ -15,6 +15,7 @@ from libs.protocol.messages import (
 )
 
 from .config import PipelineConfig
+from .controls import check_token_ids
 from .fallback import LoadView
 from .metrics import RequestMetrics
 from .request import GenerationRequest, Resume
@@ -32,11 +33,13 @@ class Placement:
         self.loads: LoadView | None = None  # set once the pipeline subscribes to loads
         # the router's (policy, predicted TTFT) per rid between routing and submit's return
         self.predicted: dict[str, tuple[str, float]] = {}
+        self.pairs: dict[str, tuple[str, float]] = {}  # rid -> (prefill worker, predicted s)
 
     async def place(self, rid: str, req: GenerationRequest, enc: EncodeReply,
                     exclude: list[str], resume: Resume) -> tuple[str, str]:
         """Route and submit under ``rid``; returns (worker, scheduler session)."""
         exclude = list(exclude)
+        check_token_ids(req, enc.vocab_size)
         sampling = msgspec.structs.replace(req.sampling(enc.max_new_tokens), seed=resume.seed)
         if resume.output_ids:  # NOTE: prompt logprobs went out with the first output
             sampling = msgspec.structs.replace(sampling, logprob_start_len=-1)
@@ -47,6 +50,8 @@ class Placement:
         )
         while True:
             worker = await self.route(rid, req, enc, exclude)
+            # NOTE: a decode worker's prefill peer, named by the index (never twice the same try)
+            submit.prefill_worker, submit.prefill_predicted_s = self.pairs.pop(rid, ("", 0.0))
             try:
                 reply = await self.bus.request(self.subjects.sched_submit(worker), submit,
                                                SubmitReply, self.config.submit_timeout)
@@ -76,6 +81,8 @@ class Placement:
                 self.metrics.routed(reply.policy, reply.worker_id)
             if reply.predicted_ttft_s > 0:
                 self.predicted[rid] = (reply.policy, reply.predicted_ttft_s)
+            if reply.prefill_worker:
+                self.pairs[rid] = (reply.prefill_worker, reply.prefill_predicted_s)
             return reply.worker_id
         except ServiceError as exc:
             if exc.code not in ("service_unavailable", "timeout") or self.loads is None:

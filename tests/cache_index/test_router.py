@@ -124,3 +124,37 @@ def test_host_tier_pages_are_credited_at_the_workers_measured_load_rate():
     # tier (0.6 s) is worth less than recomputing would cost a cold worker (0.8 s)
     assert decision.chosen.worker_id == "b" and scores["b"] < scores["a"] < scores["c"]
     assert scores["c"] < 2 * 401 / 1000  # still cheaper than computing it all
+
+
+def pd_setup(roles: dict[str, tuple[str, str]]):
+    """Workers by id -> (role, kv_layout)."""
+    clock = Clock()
+    reg = Registry(clock=clock)
+    for wid, (role, layout) in roles.items():
+        reg.update(report(wid, role=role, kv_layout=layout))
+    return Router(reg, PrefixIndex(), "cache_aware"), reg
+
+
+def test_a_decode_worker_gets_a_prefill_peer_by_prefix_and_queue():
+    router, reg = pd_setup({"d1": ("decode", "L"), "p1": ("prefill", "L"), "p2": ("prefill", "L")})
+    cached_on(router.index, "p2", DOC)
+    decision = router.route(req("r1", DOC + [1, 2]))
+    assert decision.chosen.worker_id == "d1"  # a prefill-only worker never serves it
+    assert decision.prefill.worker_id == "p2"  # it holds the document
+    assert decision.attributes("cache_aware")["radixmesh.route.prefill_worker"] == "p2"
+
+
+def test_prefill_peers_must_share_the_kv_layout_and_colocated_workers_get_none():
+    router, _ = pd_setup({"d1": ("decode", "fp32"), "p1": ("prefill", "bf16")})
+    decision = router.route(req("r1", DOC))
+    assert decision.chosen.worker_id == "d1" and decision.prefill is None
+    router, _ = pd_setup({"c1": ("both", "L"), "p1": ("prefill", "L")})
+    decision = router.route(req("r2", DOC))
+    assert decision.chosen.worker_id == "c1" and decision.prefill is None
+
+
+def test_only_prefill_workers_left_serve_alone():
+    router, _ = pd_setup({"d1": ("decode", "L"), "p1": ("prefill", "L")})
+    decision = router.route(RouteRequest(rid="r", model="m", num_tokens=len(DOC), input_ids=DOC,
+                                         exclude=["d1"]))
+    assert decision.chosen.worker_id == "p1" and decision.prefill is None
