@@ -33,7 +33,9 @@ def _up(given: argparse.Namespace, own: dict[str, argparse.Action],
     extra, env = cli_config.service_argv(merged, options)
     args = argparse.Namespace(**merged["up"])
     config = StackConfig(
-        model=args.model, workers=args.workers, host=args.host, port=args.port,
+        model=args.model, host=args.host, port=args.port,
+        workers=args.workers if args.workers is not None else int(not (args.prefill_workers or args.decode_workers)),
+        prefill_workers=args.prefill_workers, decode_workers=args.decode_workers,
         nats_url=os.environ.get("NATS_URL") or None, log_dir=Path(args.log_dir),
         dtype=args.dtype, kv_slots=args.kv_slots, threads_per_worker=args.threads,
         traces=not args.no_traces, nats_port=args.nats_port, nats_host=args.nats_host,
@@ -77,7 +79,13 @@ def main(argv: list[str] | None = None) -> int:
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     up.add_argument("--model", default="default",
                     help="local HF model directory, or 'default' (SmolLM2-135M-Instruct)")
-    up.add_argument("--workers", type=int, default=1, help="number of gpu_worker processes")
+    up.add_argument("--workers", type=int, default=None,
+                    help="colocated gpu_worker processes (prefill and decode both; default 1, "
+                         "or 0 with --prefill-workers / --decode-workers)")
+    up.add_argument("--prefill-workers", type=int, default=0,
+                    help="gpu_workers that only prefill: they hand each prompt's KV to a decode worker")
+    up.add_argument("--decode-workers", type=int, default=0,
+                    help="gpu_workers that decode, their prompts prefilled by a prefill worker")
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",

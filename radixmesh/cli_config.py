@@ -47,7 +47,7 @@ COMMON = frozenset({"help", "nats_url", "subject_prefix", "instance", "log_level
 # set by the launcher from `radixmesh up`'s own flags
 LAUNCHER_SET = {
     "tokenizer": {"model"}, "gateway": {"model", "host", "port"},
-    "gpu_worker": {"model", "dtype", "kv_slots", "threads", "worker_id", "announce_interval"},
+    "gpu_worker": {"model", "dtype", "kv_slots", "threads", "worker_id", "announce_interval", "role"},
 }
 ENV_PREFIX = "RADIXMESH_"
 # options that carry secrets: passed to the service in its own environment variable

@@ -69,7 +69,9 @@ class RestartPolicy:
 @dataclass
 class StackConfig:
     model: str = DEFAULT_MODEL
-    workers: int = 1
+    workers: int = 1  # colocated: each prefills and decodes
+    prefill_workers: int = 0  # --role prefill: they compute prompts for decode workers
+    decode_workers: int = 0  # --role decode
     host: str = "127.0.0.1"
     port: int = 8000
     nats_url: str | None = None  # an existing broker; None: start nats-server
@@ -186,17 +188,19 @@ class LocalStack:
 
     def _spawn_all(self, model: str) -> None:
         cfg = self.config
-        threads = cfg.threads_per_worker or max(1, ((os.cpu_count() or 1) - 1) // max(1, cfg.workers))
+        roles = ["both"] * cfg.workers + ["prefill"] * cfg.prefill_workers + ["decode"] * cfg.decode_workers
+        threads = cfg.threads_per_worker or max(1, ((os.cpu_count() or 1) - 1) // max(1, len(roles)))
         self._spawn("cache_index", [])
         self._spawn("tokenizer", ["--model", model])
         # NOTE: a fixed instance id: a restarted scheduler re-adopts its workers at once
         self._spawn("scheduler", ["--instance", f"scheduler-{uuid.uuid4().hex[:8]}"])
-        for i in range(cfg.workers):
+        for i, role in enumerate(roles):
             self._spawn("gpu_worker", [
                 "--model", model, "--dtype", cfg.dtype, "--kv-slots", str(cfg.kv_slots),
-                "--threads", str(threads), "--worker-id", f"w{i}-{uuid.uuid4().hex[:6]}",
+                "--threads", str(threads), "--worker-id", f"{role[0]}{i}-{uuid.uuid4().hex[:6]}",
                 # a restarted scheduler adopts a worker on its next announce
                 "--announce-interval", str(WORKER_ANNOUNCE_S),
+                *(["--role", role] if role != "both" else []),
             ], log_name=f"gpu_worker-{i}")
         self._spawn("gateway", ["--model", model, "--host", cfg.host, "--port", str(cfg.port)])
 
