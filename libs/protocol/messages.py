@@ -84,6 +84,15 @@ class SamplingParams(Base):
     top_logprobs_num: int = 0
     # constrained decoding: the output must fully match this regex ("": free)
     regex: str = ""
+    # penalties: OpenAI's presence/frequency over the output's tokens, HF/vLLM's
+    # repetition over prompt + output; min_p; min_tokens (EOS and stop_token_ids
+    # masked until that many are out); logit_bias (token id -> added logit). Off by default
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] = {}
 
 
 class EncodeRequest(Base, tag="encode.v1"):
@@ -114,6 +123,7 @@ class EncodeReply(Base, tag="encode_reply.v1"):
     max_new_tokens: int
     detok_instance: str
     max_model_len: int
+    vocab_size: int = 0  # 0: not said (token ids of other fields are not checked)
 
 
 class DetokRelease(Base, tag="detok_release.v1"):
@@ -299,6 +309,11 @@ class SchedStats(Base, tag="sched_stats_reply.v1"):
     kv_transfer_bytes: int = 0  # received
     kv_transfer_seconds: float = 0.0  # received: request sent -> KV ready
     kv_transfer_failures: dict[str, int] = {}  # by reason: decode side fell back to its own prefill
+    # the shared store (L3): fetches by outcome (complete / partial / deadline / miss / error /
+    # skipped: predicted slower than recomputing), tokens fetched into the host tier, tokens put
+    store_fetches: dict[str, int] = {}
+    store_fetched_tokens: int = 0
+    store_put_tokens: int = 0
 
 
 class FlushRequest(Base, tag="flush.v1"):
@@ -425,6 +440,29 @@ class NewRow(Base, array_like=True):
     regex_from: int = 0
     regex_tokens: list[int] = []
     end_ids: list[int] = []
+    extras: SamplingExtras | None = None  # penalties, min_p, min_tokens, logit_bias (None: off)
+
+
+class SamplingExtras(Base, array_like=True):
+    """A new row's penalties, min_p, min_tokens and logit_bias (SamplingParams' fields),
+    with the tokens its counts start from: a retracted or moved request brings
+    ``output_ids`` (and ``prompt_ids`` for a repetition penalty), so it samples as
+    if it had never left. Samples count from the step whose row length reaches
+    ``sample_from`` (the fill length; earlier prefill chunks sample nothing kept)."""
+
+    presence: float = 0.0
+    frequency: float = 0.0
+    repetition: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    prompt_len: int = 0
+    sample_from: int = 0
+    stop_token_ids: list[int] = []  # masked with EOS (unless ignore_eos) before min_tokens
+    ignore_eos: bool = False
+    bias_ids: list[int] = []
+    bias_values: list[float] = []
+    prompt_ids: list[int] = []  # only with a repetition penalty
+    output_ids: list[int] = []  # only with a penalty
 
 
 class PrepareRegex(Base, tag="prepare_regex.v1"):
