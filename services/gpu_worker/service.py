@@ -15,6 +15,7 @@ from libs.protocol.messages import (
     AdoptRequest, ForwardBatch, ForwardResult, LeaseRenew, PrepareRegex, WorkerInfo,
 )
 from libs.protocol.subjects import Subjects, check_token
+from libs.transfer import KVLayout, shm
 
 from .adoption import Adoption
 from .model_runner import ModelRunner
@@ -42,7 +43,8 @@ class WorkerService:
 
     def __init__(
         self, runner: ModelRunner, worker_id: str, model_name: str, subjects: Subjects,
-        announce_s: float = 1.0, detail: dict[str, str] | None = None,
+        announce_s: float = 1.0, detail: dict[str, str] | None = None, role: str = "both",
+        host_id: str | None = None,
     ) -> None:
         self.runner = runner
         self.worker_id = check_token(worker_id)
@@ -50,6 +52,9 @@ class WorkerService:
         self.subjects = subjects
         self.announce_s = announce_s
         self.adoption = Adoption()
+        self.role = role  # prefill/decode disaggregation: "both", "prefill" or "decode"
+        self.host_id = host_id if host_id is not None else shm.host_id()  # peers with ours share /dev/shm
+        self.kv_layout = KVLayout.of_pool(runner.kv).describe()
         self.detail = detail if detail is not None else {}
         self._bus: Bus | None = None
         self._task: asyncio.Task | None = None
@@ -62,6 +67,7 @@ class WorkerService:
             eos_token_ids=r.eos_token_ids, dtype=r.config.dtype, host_kv_slots=r.kv_copies.host_slots,
             store_page_tokens=r.kv_copies.store_page_tokens,
             adopted_by=self.adoption.owner, epoch=self.adoption.epoch,
+            role=self.role, kv_layout=self.kv_layout, host_id=self.host_id,
         )
 
     async def start(self, bus: Bus) -> None:

@@ -70,16 +70,24 @@ class FetchEndpoint:
         return slots
 
 
-async def serve_store(ctx: ServiceContext, worker: WorkerService, config: StoreConfig) -> StoreIO | None:
-    """Open the store ``config`` names and serve it for ``worker`` until ``ctx`` stops."""
+async def open_data_bus(ctx: ServiceContext) -> Bus:
+    """The worker's second NATS connection, for bulk bytes (store pages, KV transfers), open until ``ctx`` stops."""
+    bus = await Bus.connect(ctx.config.nats_url, f"{ctx.service}:{ctx.config.instance}:data",
+                            credentials=ctx.config.credentials)
+    ctx.stack.push_async_callback(bus.close)
+    return bus
+
+
+async def serve_store(ctx: ServiceContext, worker: WorkerService, config: StoreConfig,
+                      bus: Bus | None = None) -> StoreIO | None:
+    """Open the store ``config`` names and serve it for ``worker`` until ``ctx`` stops; its
+    pages ride ``bus`` (default: a data connection of its own)."""
     if config.kind == "none":
         return None
     copier = worker.runner.kv_copies
     if copier.host is None:
         raise SystemExit("gpu_worker: --kv-store needs a host KV pool (--host-kv-slots > 0)")
-    bus = await Bus.connect(ctx.config.nats_url, f"{ctx.service}:{ctx.config.instance}:store",
-                            credentials=ctx.config.credentials)
-    ctx.stack.push_async_callback(bus.close)
+    bus = bus if bus is not None else await open_data_bus(ctx)
     spec = PageSpec(KVLayout.of_pool(copier.pool))
     try:
         store = await JetStreamStore.open(bus.nc, spec, config.bucket, config.max_bytes)

@@ -1,0 +1,45 @@
+"""The KV data paths on the worker's bus: the sender (``worker_kv_send``) and the receiver
+(``worker_kv_recv`` / ``worker_kv_shm`` / ``worker_kv_drop``) on the data connection, so
+bulk bytes never queue ahead of step messages on the control connection."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from libs.protocol.bus import Bus
+from libs.protocol.service import ServiceContext
+
+from .kv_recv import KVReceiver
+from .kv_send import KVSender
+from .kv_transfer import KVTransferConfig
+from .service import WorkerService
+from .store_service import open_data_bus
+
+log = logging.getLogger("gpu_worker.kv")
+
+
+@dataclass(frozen=True)
+class KVPaths:
+    sender: KVSender
+    receiver: KVReceiver
+
+
+async def start_kv_paths(bus: Bus, worker: WorkerService, config: KVTransferConfig = KVTransferConfig()) -> KVPaths:
+    """Subscribe both sides of ``worker`` on ``bus``; ``await paths.receiver.stop()`` ends its reaper."""
+    paths = KVPaths(KVSender(worker, config), KVReceiver(worker, config))
+    await paths.receiver.start(bus)
+    await paths.sender.start(bus)
+    await bus.nc.flush()  # NOTE: subscribed at the broker before the worker announces itself
+    return paths
+
+
+async def serve_kv_transfer(ctx: ServiceContext, worker: WorkerService, config: KVTransferConfig,
+                            bus: Bus | None = None) -> KVPaths:
+    """Serve ``worker``'s KV data paths on ``bus`` (default: a data connection of its own) until ``ctx`` stops."""
+    bus = bus if bus is not None else await open_data_bus(ctx)
+    paths = await start_kv_paths(bus, worker, config)
+    ctx.stack.push_async_callback(paths.receiver.stop)
+    log.info("KV transfer: role %s, mode %s (shared memory %s), host %s", worker.role, config.mode,
+             "writable" if paths.sender.shm_ok else "unavailable", worker.host_id)
+    return paths
