@@ -20,8 +20,10 @@ from libs.protocol.subjects import check_token
 from .compiled import DEFAULT_SIZES
 from .model_runner import ModelRunner, RunnerConfig
 from .precision import DTYPE_CHOICES
+from .kv_service import serve_kv_transfer
+from .kv_transfer import ROLES, TRANSFER_MODES, KVTransferConfig
 from .service import WorkerService
-from .store_service import STORE_KINDS, StoreConfig, serve_store
+from .store_service import STORE_KINDS, StoreConfig, open_data_bus, serve_store
 
 SERVICE = "gpu_worker"
 
@@ -54,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="compile the model's pieces between attention calls (inductor, cached on disk)")
     p.add_argument("--compile-sizes", default=",".join(map(str, DEFAULT_SIZES)),
                    help="token-count buckets of the compiled step (steps are padded up; longer ones run eagerly)")
+    p.add_argument("--role", choices=ROLES, default=env("RADIXMESH_ROLE", "both"),
+                   help="prefill/decode disaggregation: both (colocated), prefill or decode (announced in WorkerInfo)")
+    p.add_argument("--kv-transfer", choices=TRANSFER_MODES, default=env("RADIXMESH_KV_TRANSFER", "auto"),
+                   help="how KV moves to a decode worker: auto = shared memory (/dev/shm) with a peer of the "
+                        "same host_id, NATS chunks otherwise; shm or nats forces one")
     p.add_argument("--worker-id", default=env("RADIXMESH_WORKER_ID") or f"worker-{uuid.uuid4().hex[:8]}")
     p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between WorkerInfo announcements")
     add_common_args(p, SERVICE)
@@ -97,9 +104,13 @@ def main(argv: list[str] | None = None) -> None:
 
     async def body(ctx: ServiceContext) -> None:
         worker = WorkerService(
-            runner, args.worker_id, served_name(args.model), ctx.subjects, args.announce_interval, ctx.detail
+            runner, args.worker_id, served_name(args.model), ctx.subjects, args.announce_interval, ctx.detail,
+            role=args.role,
         )
-        await serve_store(ctx, worker, StoreConfig(args.kv_store, args.kv_store_bucket, args.kv_store_max_bytes))
+        data_bus = await open_data_bus(ctx)  # NOTE: bulk bytes (pages, KV transfers) off the control connection
+        await serve_store(ctx, worker, StoreConfig(args.kv_store, args.kv_store_bucket, args.kv_store_max_bytes),
+                          data_bus)
+        await serve_kv_transfer(ctx, worker, KVTransferConfig(mode=args.kv_transfer), data_bus)
         await worker.start(ctx.bus)  # NOTE: after the store: the first announcement names it
         ctx.stack.push_async_callback(worker.stop)
 
