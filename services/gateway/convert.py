@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from libs.protocol.messages import ChatMessage
 
+from .controls import apply_controls
 from .errors import ApiError, bad_request, not_supported
 from .pipeline import GenerationRequest
 from .schemas import (
@@ -36,6 +37,7 @@ def chat_request(body: ChatCompletionRequest) -> GenerationRequest:
         req.top_logprobs_num = body.top_logprobs or 0
     if body.max_completion_tokens is not None:
         req.max_new_tokens = body.max_completion_tokens
+    _controls(req, body)
     return req
 
 
@@ -93,6 +95,7 @@ def _completion(body: CompletionRequest, prompt) -> GenerationRequest:
         req.logprob_start_len = 0 if body.echo else -1
         req.top_logprobs_num = body.logprobs or 0
         req.show_logprobs = body.logprobs is not None
+    _controls(req, body)
     return req
 
 
@@ -104,7 +107,7 @@ def generate_request(body: GenerateRequest) -> GenerationRequest:
     sp: SamplingParamsBody = body.sampling_params
     if body.return_logprob and body.stream:
         raise not_supported("return_logprob", " with stream")
-    return GenerationRequest(
+    req = GenerationRequest(
         text=body.text, input_ids=body.input_ids, add_generation_prompt=False,
         max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
         top_k=_top_k(sp.top_k, "sampling_params.top_k"), seed=sp.seed,
@@ -115,14 +118,15 @@ def generate_request(body: GenerateRequest) -> GenerationRequest:
         show_logprobs=body.return_logprob,
         regex=output_regex(sp.regex, native_format(sp.json_schema), sp.ignore_eos, "sampling_params."),
     )
+    apply_controls(req, presence=sp.presence_penalty, frequency=sp.frequency_penalty,
+                   repetition=sp.repetition_penalty, min_p=sp.min_p, min_tokens=sp.min_new_tokens,
+                   logit_bias=sp.logit_bias, prefix="sampling_params.", min_tokens_name="min_new_tokens")
+    return req
 
 
 def _sampling(body: OpenAIRequestBase) -> GenerationRequest:
     if body.n is not None and body.n != 1:
         raise bad_request("n must be 1: several choices per request are not supported", "n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            raise not_supported(name, " other than 0")
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     return GenerationRequest(
@@ -134,6 +138,12 @@ def _sampling(body: OpenAIRequestBase) -> GenerationRequest:
         skip_special_tokens=body.skip_special_tokens, cache_salt=body.cache_salt or "",
         regex=output_regex(body.regex, body.response_format, body.ignore_eos),
     )
+
+
+def _controls(req: GenerationRequest, body: OpenAIRequestBase) -> None:
+    apply_controls(req, presence=body.presence_penalty, frequency=body.frequency_penalty,
+                   repetition=body.repetition_penalty, min_p=body.min_p, min_tokens=body.min_tokens,
+                   logit_bias=body.logit_bias)
 
 
 def _top_k(top_k: int | None, param: str) -> int:

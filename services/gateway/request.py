@@ -37,6 +37,12 @@ class GenerationRequest:
     echo: bool = False
     show_logprobs: bool = False
     regex: str = ""  # constrained decoding: the output fully matches it
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def sampling(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(
@@ -45,6 +51,9 @@ class GenerationRequest:
             ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
             return_logprob=self.return_logprob, logprob_start_len=self.logprob_start_len,
             top_logprobs_num=self.top_logprobs_num, regex=self.regex,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, min_p=self.min_p,
+            min_tokens=self.min_tokens, logit_bias=self.logit_bias,
         )
 
 

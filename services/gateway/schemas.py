@@ -31,6 +31,12 @@ Stop = str | Annotated[list[str], Meta(max_length=MAX_STOP)]
 CacheSalt = Annotated[str, Meta(max_length=256)]
 # constrained decoding (SGLang's ``regex``): the output fully matches it
 Regex = Annotated[str, Meta(min_length=1, max_length=4096)]
+# sampling controls (OpenAI's ranges; repetition as SGLang bounds it)
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=2.0)]
+MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+MAX_LOGIT_BIAS = 1024  # entries of one logit_bias map
+LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=MAX_LOGIT_BIAS)]
 
 
 class _Body(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -80,12 +86,16 @@ class OpenAIRequestBase(_Body, kw_only=True):
     stream_options: StreamOptions | None = None
     n: int | None = None
     user: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None  # token id (a string) -> bias added to its logit
     # extras (vLLM / SGLang)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stop_token_ids: list[TokenId] | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    min_p: MinP | None = None
+    min_tokens: TokenBudget | None = None  # EOS and stop_token_ids held back until then
     cache_salt: CacheSalt | None = None
     timeout: Timeout | None = None
     regex: Regex | None = None
@@ -121,6 +131,12 @@ class SamplingParamsBody(_Body, kw_only=True):
     skip_special_tokens: bool = True
     regex: Regex | None = None
     json_schema: str | dict[str, Any] | None = None  # SGLang: a JSON schema (as a string or object)
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    min_p: MinP = 0.0
+    min_new_tokens: TokenBudget = 0
+    logit_bias: LogitBias | None = None
 
 
 class GenerateRequest(_Body, kw_only=True):

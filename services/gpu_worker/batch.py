@@ -10,6 +10,8 @@ from libs.protocol.errors import invalid_request
 from libs.protocol.limits import MAX_TOP_LOGPROBS
 from libs.protocol.messages import ForwardBatch, NewRow
 
+from .penalties import check_extras
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -110,6 +112,7 @@ def parse_batch(batch: ForwardBatch, lim: Limits) -> StepArrays:
     _check(_within(slots, lim.kv_slots) and len(np.unique(slots)) == t, "out_slots out of range or repeated")
     _check_new_rows(batch.new_rows, lim.max_requests)
     _check_constrained_rows([r for r in batch.new_rows if r.regex], lim.vocab_size)
+    check_extras(batch.new_rows, lim.vocab_size)
     shared = _prefix_slots(batch.new_rows, lim)
     if t == b:  # NOTE: decode-only step, the common case: one token per request
         token_rows, positions = rows, prefix

@@ -18,6 +18,7 @@ from .compiled import DEFAULT_SIZES, CompiledStep
 from .constraints import Constraints
 from .kv_copy import KVCopier
 from .model import LlamaModel
+from .penalties import Penalties
 from .precision import DTYPES, resolve_dtype
 from .sampler import Sampler, token_logprobs
 
@@ -76,6 +77,7 @@ class ModelRunner:
         self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)
         self.sampler = Sampler(config.max_requests, mc.vocab_size, self.device)
         self.constraints = Constraints(config.max_requests, mc.vocab_size, self._token_texts, self.device)
+        self.penalties = Penalties(config.max_requests, mc.vocab_size, self.eos_token_ids, self.device)
         # NOTE: each row's last sampled token and its step: a step sent before the
         # previous one's result reads its input from here (input id -1)
         self.last_tokens = torch.zeros(config.max_requests, dtype=torch.int64, device=self.device)
@@ -119,14 +121,17 @@ class ModelRunner:
         return self._logprobs(plan, logits[b:], next_ids)
 
     def _sample(self, logits: torch.Tensor, step: StepArrays) -> torch.Tensor:
-        """Next tokens; rows with a regex choose only among the tokens it allows.
-        NOTE: logprobs stay the model's own (computed from unmasked logits)."""
+        """Next tokens; rows with a regex choose only among the tokens it allows,
+        after their penalties, logit_bias and min_tokens (:mod:`.penalties`).
+        NOTE: logprobs stay the model's own (computed from unedited logits)."""
+        self.penalties.apply(logits, step.rows, step.seq_lens)
         which = self.constraints.constrained(step.rows)
         if len(which):
             self.constraints.mask(logits, step.rows, which)
         next_ids = self.sampler.sample(logits, step.rows, torch.from_numpy(step.seq_lens).to(self.device))
         if len(which):
             self.constraints.advance(step.rows, which, step.seq_lens, next_ids)
+        self.penalties.update(step.rows, step.seq_lens, next_ids)
         return next_ids
 
     def _token_texts(self) -> list[str | None]:
@@ -156,6 +161,7 @@ class ModelRunner:
         self.kv_copies.run(batch.copies)  # NOTE: checked, then run, before any state changes
         self.sampler.set_rows(batch.new_rows)
         self.constraints.set_rows(batch.new_rows)
+        self.penalties.set_rows(batch.new_rows)
         self.sampled_step[[r.row for r in batch.new_rows]] = -2
         dev = self.device
         if len(step.shared_slots):

@@ -11,9 +11,15 @@ depends on the rest of the batch):
 * full:   no top_k and top_p == 1 -> inverse CDF over the whole vocabulary;
 * nucleus: otherwise -> inverse CDF over the ``CANDIDATES`` most likely tokens,
   sorted; rows whose top_k / top_p reach beyond them fall back to a full sort.
+
+``min_p`` (vLLM's order) drops unlikely tokens after temperature, before top_k /
+top_p; penalties, logit_bias and min_tokens edit the logits before this
+(:mod:`.penalties`).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -57,6 +63,8 @@ class Sampler:
         self.top_p = torch.ones(max_requests, device=device)
         self.top_k = torch.full((max_requests,), -1, dtype=torch.int64, device=device)
         self.seed = torch.zeros(max_requests, dtype=torch.int64, device=device)
+        self.log_min_p = torch.full((max_requests,), -math.inf, device=device)  # log(min_p)
+        self.has_min_p = np.zeros(max_requests, dtype=bool)
         self.mode = np.zeros(max_requests, dtype=np.int8)  # host mirror: GREEDY / FULL / NUCLEUS
 
     def set_rows(self, new_rows: list[NewRow]) -> None:
@@ -77,6 +85,10 @@ class Sampler:
         self.top_k[idx] = torch.from_numpy(top_k).to(self.top_k.device)
         self.seed[idx] = torch.from_numpy(seeds).to(self.seed.device)
         self.mode[rows] = mode.astype(np.int8)
+        min_p = np.array([r.extras.min_p if r.extras is not None else 0.0 for r in new_rows])
+        self.has_min_p[rows] = min_p > 0
+        with np.errstate(divide="ignore"):
+            self.log_min_p[idx] = torch.from_numpy(np.log(min_p).astype(np.float32)).to(idx.device)
 
     def sample(self, logits: torch.Tensor, rows: np.ndarray, positions: torch.Tensor) -> torch.Tensor:
         """Next token ([B] int64) for logits [B, vocab] of requests in ``rows`` (host).
@@ -90,7 +102,10 @@ class Sampler:
             if len(which):
                 idx = torch.from_numpy(which).to(logits.device)
                 r = torch.from_numpy(rows[which]).to(logits.device)
-                probs = torch.softmax(logits[idx] / self.temperature[r][:, None], dim=-1)
+                scaled = logits[idx] / self.temperature[r][:, None]
+                if self.has_min_p[rows[which]].any():
+                    scaled = _min_p(scaled, self.log_min_p[r])
+                probs = torch.softmax(scaled, dim=-1)
                 u = seeded_uniform(self.seed[r], positions[idx])
                 out[idx] = fn(probs, r, u)
         return out
@@ -109,6 +124,13 @@ class Sampler:
             vals, cand = probs[wide].sort(dim=-1, descending=True)
             out[wide] = _inverse_cdf(vals, cand, top_k[wide], top_p[wide], u[wide])
         return out
+
+
+def _min_p(scaled: torch.Tensor, log_min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below ``min_p`` times the likeliest one's
+    (on temperature-scaled logits: l < l_max + log(min_p)); log(0) = -inf keeps all."""
+    top = scaled.max(dim=-1, keepdim=True).values
+    return scaled.masked_fill(scaled < top + log_min_p[:, None], -math.inf)
 
 
 def _inverse_cdf(vals, cand, top_k, top_p, u) -> torch.Tensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from libs.protocol.extras import row_extras
 from libs.protocol.messages import ForwardBatch, NewRow
 
 from .request import Req
@@ -90,7 +91,7 @@ def new_row(req: Req) -> NewRow:
     s = req.sampling
     return NewRow(row=req.row, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                   seed=req.seed, prefix_slots=req.kv.all_slots()[: req.kv_len].tolist(),
-                  **regex_fields(req))
+                  extras=row_extras(s, req.input_ids, req.output_ids), **regex_fields(req))
 
 
 def regex_fields(req: Req) -> dict:

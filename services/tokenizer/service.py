@@ -110,6 +110,7 @@ class TokenizerService:
         return EncodeReply(
             input_ids=enc.input_ids, max_new_tokens=enc.max_new_tokens,
             detok_instance=self.ctx.config.instance, max_model_len=enc.max_model_len,
+            vocab_size=self.encoder.vocab_size,
         )
 
     def _check_resume(self, req: EncodeRequest) -> None:

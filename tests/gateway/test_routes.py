@@ -84,8 +84,6 @@ BAD_CHAT = [
     ({"logprobs": True, "stream": True}, "logprobs", "not supported"),
     ({"top_logprobs": 2}, "top_logprobs", "requires logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "<= 20"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
-    ({"frequency_penalty": -1}, "frequency_penalty", "not supported"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
     ({"stream": True, "stream_options": {"x": 1}}, "stream_options.x", "Unrecognized"),
     ({"seed": "1"}, "seed", ""),

@@ -1,0 +1,31 @@
+"""A new row's :class:`SamplingExtras` from a request's :class:`SamplingParams`.
+
+The scheduler calls :func:`row_extras` wherever a request (re)enters a worker row;
+only what the features in use need travels (no prompt ids without a repetition
+penalty, no output ids without any penalty).
+"""
+
+from __future__ import annotations
+
+from .messages import SamplingExtras, SamplingParams
+
+
+def uses_extras(s: SamplingParams) -> bool:
+    return bool(s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0
+                or s.min_p or s.min_tokens or s.logit_bias)
+
+
+def row_extras(s: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> SamplingExtras | None:
+    """None when the request uses none of them (the worker then does no work for it)."""
+    if not uses_extras(s):
+        return None
+    counted = bool(s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0)
+    return SamplingExtras(
+        presence=s.presence_penalty, frequency=s.frequency_penalty, repetition=s.repetition_penalty,
+        min_p=s.min_p, min_tokens=s.min_tokens, prompt_len=len(prompt_ids),
+        sample_from=len(prompt_ids) + len(output_ids),
+        stop_token_ids=list(s.stop_token_ids) if s.min_tokens else [], ignore_eos=s.ignore_eos,
+        bias_ids=[int(k) for k in s.logit_bias], bias_values=[float(v) for v in s.logit_bias.values()],
+        prompt_ids=list(prompt_ids) if s.repetition_penalty != 1.0 else [],
+        output_ids=list(output_ids) if counted else [],
+    )
