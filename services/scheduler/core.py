@@ -23,21 +23,23 @@ import numpy as np
 
 from libs.protocol import ServiceError, errors
 from libs.protocol.messages import (
-    ErrorInfo, ForwardBatch, ForwardResult, KVEventBatch, KVSnapshot, LoadReport, SchedStats,
-    TokenDelta, WorkerInfo,
+    ErrorInfo, FetchReply, ForwardBatch, ForwardResult, KVEventBatch, KVSnapshot, LoadReport,
+    SchedStats, TokenDelta, WorkerInfo,
 )
 
+from . import core_stats
 from .allocator import RowAllocator
 from .cache import KVCache
 from .config import CoreConfig
 from .disagg import DecodeBook, PrefillBook
 from .reports import EventLog, StepRates
-from .host_tier import HostTier
+from .host_tier import HostTier, StoreKeys
 from .intake import check_request, end_ids
 from .logprobs import pop_logprobs, take_logprobs
 from .planner import Planner
 from .request import Req
 from .step import Step
+from .store_tier import StoreFetcher
 
 EARLY_ABORTS = 4096  # aborts of not (yet) known rids remembered
 
@@ -48,10 +50,15 @@ class SchedulerCore:
         self.config = config
         self.events = EventLog(info.worker_id, config.page_size)
         # NOTE: the worker's host pool becomes the tree's lower tier (evictions demote to it)
-        self.host = (HostTier(info.host_kv_slots, config.host_write_policy)
+        # NOTE: the shared store (L3) names pages by the tree's page hashes: equal pages only
+        keys = (StoreKeys(info.model, info.dtype, config.page_size)
+                if info.store_page_tokens and info.store_page_tokens == config.page_size else None)
+        self.host = (HostTier(info.host_kv_slots, config.host_write_policy, keys)
                      if info.host_kv_slots and config.enable_cache else None)
         self.cache = KVCache(info.kv_slots, config.enable_cache, config.page_size,
                              config.eviction_policy, self.events.record, self.host)
+        self.store = StoreFetcher(self.cache, self.host, keys) if self.host and keys else None
+        self.rates = StepRates()  # the driver's measurements (it shares its own)
         self.rows = RowAllocator(info.max_requests)
         self.planner = Planner(config, self.cache, self.rows, info.max_model_len)
         self.eos = frozenset(info.eos_token_ids)
@@ -96,8 +103,20 @@ class SchedulerCore:
         if req.transfer is not None:  # NOTE: its prompt is computed by a prefill worker
             self.decode.submit(req)
             return len(self.decode.queue)
+        if self.store is not None and self.store.plan(req, self.rates.prefill_tps) is not None:
+            return len(self.waiting)  # NOTE: it queues once its pages arrive (fetched)
         self.waiting.append(req)
         return len(self.waiting) - 1
+
+    def fetched(self, req: Req, reply: FetchReply) -> int:
+        """The shared store's pages for ``req`` arrived (or some did): it queues now.
+        Returns the tokens that joined the host tier."""
+        tokens = self.store.done(req, reply)
+        if req.aborted:
+            self._finish(req, "abort")
+        else:
+            self.waiting.append(req)
+        return tokens
 
     def abort(self, rid: str, reason: str = "abort") -> bool:
         req = self._by_rid.get(rid)
@@ -195,7 +214,8 @@ class SchedulerCore:
 
     def fail_all(self, error: ErrorInfo) -> None:
         """The worker is gone: every request ends with ``error``."""
-        ending = list(self.waiting) + self.running + self.decode.fail_all() + self.prefill.fail_all()
+        ending = list(self.waiting) + self.running + self.decode.fail_all() + self.prefill.fail_all() \
+            + (self.store.fail_all() if self.store else [])
         for req in ending:
             req.error = error
             self._finish(req, "error")
@@ -221,40 +241,10 @@ class SchedulerCore:
 
     def load_report(self, rates: StepRates, scheduler_id: str, ts: float, alive: bool = True,
                     session: str = "") -> LoadReport:
-        info = self.info
-        return LoadReport(
-            worker_id=info.worker_id, scheduler_id=scheduler_id, model=info.model,
-            running=len(self.running), waiting=len(self.waiting) + len(self.decode),
-            free_slots=self.cache.available, total_slots=info.kv_slots,
-            max_model_len=info.max_model_len, ts=ts,
-            queued_prefill_tokens=self.queued_prefill_tokens(), prefill_tps=rates.prefill_tps,
-            decode_step_s=rates.decode_step_s, alive=alive, session=session,
-            host_load_tps=rates.host_load_tps, role=info.role, kv_layout=info.kv_layout,
-        )
+        return core_stats.load_report(self, rates, scheduler_id, ts, alive, session)
 
     def stats(self) -> SchedStats:
-        size = self.cache.tree.size_info() if self.cache.tree else (0, 0)
-        p = self.planner
-        return SchedStats(
-            worker_id=self.info.worker_id, steps=self.steps, running=len(self.running),
-            waiting=len(self.waiting), free_slots=self.cache.free,
-            max_batch_size=max(self.batch_sizes, default=0),
-            batch_size_hist=dict(self.batch_sizes), tokens_generated=self.generated,
-            requests_finished=self.finished, prompt_tokens=p.prompt_tokens,
-            cached_tokens=p.cached_tokens, retractions=p.retractions,
-            cache_enabled=self.cache.tree is not None,
-            evictable_slots=size[0], protected_slots=size[1], **self._host_stats(),
-            kv_transfers_in=self.decode.received, kv_transfers_out=self.prefill.sent,
-            kv_transfer_bytes=self.decode.nbytes, kv_transfer_seconds=self.decode.seconds,
-            kv_transfer_failures=dict(self.decode.failures),
-        )
-
-    def _host_stats(self) -> dict[str, int]:
-        h = self.host
-        if h is None:
-            return {}
-        return dict(host_slots=self.info.host_kv_slots, host_free_slots=h.num_free,
-                    host_demoted_tokens=h.demoted, host_loaded_tokens=h.loaded)
+        return core_stats.sched_stats(self)
 
     # -- internals -------------------------------------------------------------
 

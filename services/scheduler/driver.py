@@ -53,7 +53,7 @@ class StepDriver:
         self._active_since: float | None = None
         self.active_s = 0.0
         self.busy_s = 0.0
-        self.rates = StepRates()
+        self.rates = core.rates  # NOTE: shared: the core plans store fetches with them
         self.on_flush = None  # called after each flush (the prefill/decode link pumps)
 
     @property

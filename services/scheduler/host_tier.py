@@ -14,11 +14,30 @@ runs a step's copies in order before its forward, so:
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
+
 import numpy as np
 
 from libs.protocol.messages import KVCopy
+from libs.transfer.store import page_key
 
 from .allocator import SlotAllocator
+
+PUT_MEMORY = 1 << 16  # page hashes put lately: not put again
+
+
+@dataclass(frozen=True)
+class StoreKeys:
+    """How this worker's pages are named in the shared store (L3): a page copied down
+    to the host is also put there under ``page_key(model, kv_dtype, its hash)``."""
+
+    model: str
+    kv_dtype: str
+    page_tokens: int
+
+    def keys(self, hashes: list[int]) -> list[str]:
+        return [page_key(self.model, self.kv_dtype, h) for h in hashes]
 
 
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
@@ -34,13 +53,16 @@ class HostTier:
     together hold as many documents as their sizes add up to; the write-through
     policies keep the copy (that is their point)."""
 
-    def __init__(self, num_slots: int, write_policy: str = "write_back") -> None:
+    def __init__(self, num_slots: int, write_policy: str = "write_back",
+                 store: StoreKeys | None = None) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"unknown host write policy {write_policy!r}; choose from {WRITE_POLICIES}")
         self.write_policy = write_policy
         self.slots = SlotAllocator(num_slots)
+        self.store = store
         self._copies: list[KVCopy] = []
-        self.demoted = self.loaded = 0  # tokens copied down / back up
+        self._put: OrderedDict[int, None] = OrderedDict()
+        self.demoted = self.loaded = self.put = 0  # tokens copied down / back up / to the store
 
     @property
     def num_free(self) -> int:
@@ -50,14 +72,31 @@ class HostTier:
     def exclusive(self) -> bool:
         return self.write_policy == "write_back"
 
-    def copy_down(self, device_slots: np.ndarray) -> np.ndarray | None:
-        """Copy these device slots' KV to host slots (None: the host pool is full)."""
+    def copy_down(self, device_slots: np.ndarray, hashes: list[int] = ()) -> np.ndarray | None:
+        """Copy these device slots' KV to host slots (None: the host pool is full); with a
+        shared store, its pages (``hashes``, one per page) go there too, from the host copy."""
         if len(device_slots) > self.slots.num_free:
             return None
         host = self.slots.alloc(len(device_slots))
         self._copies.append(KVCopy(kind="d2h", src=device_slots.tolist(), dst=host.tolist()))
         self.demoted += len(host)
+        if self.store is not None and hashes:
+            self._put_pages(host, list(hashes))
         return host
+
+    def _put_pages(self, host: np.ndarray, hashes: list[int]) -> None:
+        """A put of the pages not put lately (KV never changes: once is enough)."""
+        fresh = [i for i, h in enumerate(hashes) if h not in self._put]
+        if not fresh:
+            return
+        n = self.store.page_tokens
+        src = np.concatenate([host[i * n : (i + 1) * n] for i in fresh])
+        self._copies.append(KVCopy(kind="put", src=src.tolist(), keys=self.store.keys([hashes[i] for i in fresh])))
+        for i in fresh:
+            self._put[hashes[i]] = None
+        while len(self._put) > PUT_MEMORY:
+            self._put.popitem(last=False)
+        self.put += len(src)
 
     def backs_up(self, hits: int) -> bool:
         if self.write_policy == "write_through":

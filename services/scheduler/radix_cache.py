@@ -107,6 +107,24 @@ class RadixCache:
             node = self._add_leaf(node, key[pos:], np.asarray(slots[pos : len(key)], np.int64))
         return existing, node
 
+    def insert_lower(self, namespace: str, tokens, start: int, lower: np.ndarray) -> int:
+        """Pages [start, len) of ``tokens`` arrived in the lower tier's slots ``lower``
+        (from the shared store): a lower-tier leaf below the node ending at ``start``.
+        Returns the tokens inserted; 0 when that path changed meanwhile (the caller
+        frees the slots)."""
+        key = self._aligned(tokens)
+        node, pos = self._root(namespace), 0
+        for child, n in self._walk(namespace, key[:start], split=True):
+            node, pos = child, pos + n
+        if pos != start or start >= len(key) or self._page(key, start) in node.children:
+            return 0
+        leaf = TreeNode(node, key[start:].copy(), None, block_hashes(key[start:], self.page_size,
+                                                                       parent=node.last_hash), namespace)
+        leaf.lower = np.asarray(lower, np.int64).copy()
+        node.children[self._page(key, start)] = leaf
+        self.on_event("stored", namespace, leaf.hashes, "host")
+        return len(key) - start
+
     def lock(self, node: TreeNode) -> None:
         while not node.is_root:
             if node.lock_ref == 0:
@@ -267,7 +285,7 @@ class RadixCache:
             self._copy_down(node)
 
     def _copy_down(self, node: TreeNode) -> None:
-        node.lower = self.tier.copy_down(node.value)
+        node.lower = self.tier.copy_down(node.value, node.hashes)
         if node.lower is not None:
             self.on_event("stored", node.namespace, node.hashes, "host")
 

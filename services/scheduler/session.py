@@ -9,10 +9,11 @@ import secrets
 import time
 
 import msgspec
+from opentelemetry import trace
 
 from libs.protocol import Bus, ServiceError, Subjects, errors
 from libs.protocol.messages import (
-    AbortRequest, ErrorInfo, FlushReply, FlushRequest, KVReady, KVSnapshot, LeaseRenew, LoadReport,
+    AbortRequest, ErrorInfo, FetchPages, FetchReply, FlushReply, FlushRequest, KVReady, KVSnapshot, LeaseRenew, LoadReport,
     PrefillRequest, PrepareRegex, SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply,
     SubmitRequest, WorkerInfo,
 )
@@ -26,6 +27,7 @@ from .request import Req
 from .driver import StepDriver, WorkerLost
 
 log = logging.getLogger("scheduler.session")
+_tracer = trace.get_tracer("radixmesh.scheduler")
 
 LOAD_INTERVAL_S = 0.5
 RENEW_MAX_INTERVAL_S = 0.5
@@ -47,6 +49,7 @@ class WorkerSession:
         self.closed = asyncio.Event()
         self._subs: list = []
         self._tasks: list[asyncio.Task] = []
+        self._fetches: set[asyncio.Task] = set()  # FetchPages in flight (the shared store)
 
     @property
     def worker_id(self) -> str:
@@ -108,9 +111,34 @@ class WorkerSession:
         position = self.driver.submit(req)
         if req.transfer is not None:
             self.link.pump()
+        store = self.driver.core.store
+        if store is not None and req.rid in store.fetching:
+            task = asyncio.create_task(self._fetch(req, store.fetching[req.rid][1]))
+            self._fetches.add(task)
+            task.add_done_callback(self._fetches.discard)
         if req.sampling.regex:  # NOTE: the worker compiles it while the request queues
             await self._announce_pattern(req.sampling.regex)
         return SubmitReply(queue_position=position, session=self.session)
+
+    async def _fetch(self, req: Req, fetch) -> None:
+        """Ask the worker for the request's pages from the shared store (store_tier.py)."""
+        msg = FetchPages(keys=fetch.keys, host_slots=fetch.slots.tolist(), deadline_s=fetch.deadline_s)
+        with _tracer.start_as_current_span("scheduler.store_fetch", attributes={
+                "radixmesh.rid": req.rid, "radixmesh.store_pages": len(fetch.keys),
+                "radixmesh.deadline_s": fetch.deadline_s}) as span:
+            try:
+                reply = await self.bus.request(self.subjects.worker_fetch(self.worker_id), msg,
+                                               FetchReply, timeout=fetch.deadline_s + 1.0)
+            except ServiceError as exc:
+                reply = FetchReply(arrived=0, error=exc.code)
+            store = self.driver.core.store
+            if store is None or req.rid not in store.fetching:
+                return  # NOTE: the worker was let go meanwhile; its books are reset
+            tokens = self.driver.core.fetched(req, reply)
+            span.set_attributes({"radixmesh.store_arrived": reply.arrived, "radixmesh.store_tokens": tokens,
+                                 "radixmesh.store_bytes": reply.nbytes, "radixmesh.store_s": reply.seconds,
+                                 "radixmesh.store_error": reply.error, "radixmesh.store_deadline": reply.deadline})
+        self.driver.wake()
 
     async def _announce_pattern(self, pattern: str) -> None:
         try:

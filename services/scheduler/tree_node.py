@@ -19,8 +19,8 @@ class LowerTier(Protocol):
     num_free: int  # slots free in the tier
     exclusive: bool  # a node back on the device gives its copy in the tier up
 
-    def copy_down(self, device_slots: np.ndarray) -> np.ndarray | None:
-        """Take a copy of these device slots' KV; its slots, or None to refuse."""
+    def copy_down(self, device_slots: np.ndarray, hashes: list[int] = ()) -> np.ndarray | None:
+        """Take a copy of these device slots' KV (pages ``hashes``); its slots, or None to refuse."""
 
     def backs_up(self, hits: int) -> bool:
         """Copy a device node down ahead of eviction (write-through) once it has

@@ -17,7 +17,9 @@ from libs.protocol.messages import ForwardBatch, ForwardResult
 
 class SlotWorker:
     def __init__(self, num_slots: int, max_requests: int, max_len: int, vocab: int = 97,
-                 host_slots: int = 0) -> None:
+                 host_slots: int = 0, store: dict | None = None, page_tokens: int = 16) -> None:
+        self.store = store  # the shared store (L3): key -> one page's values, as "put" leaves them
+        self.page_tokens = page_tokens
         self.kv = np.full(num_slots, -1, dtype=np.int64)
         self.host = np.full(host_slots, -1, dtype=np.int64)  # the host pool: copies land here
         self.table = np.zeros((max_requests, max_len), dtype=np.int64)
@@ -27,6 +29,11 @@ class SlotWorker:
 
     def run(self, batch: ForwardBatch) -> ForwardResult:
         for copy in batch.copies:  # NOTE: in order, before the forward, as the worker runs them
+            if copy.kind == "put":
+                n = self.page_tokens
+                for i, key in enumerate(copy.keys):
+                    self.store[key] = self.host[copy.src[i * n : (i + 1) * n]].copy()
+                continue
             if copy.kind == "import":
                 data = self.staging.pop(copy.buffer)
                 assert len(data) == len(copy.dst) and (data >= 0).all()
@@ -69,3 +76,13 @@ class SlotWorker:
                 if last else int(seq[q + 1])
             values.append(-(hash((tuple(seq[: q + 1].tolist()), target)) % 1000) / 100)
         return values
+
+    def fetch(self, keys: list[str], host_slots: list[int]) -> int:
+        """FetchPages: the leading pages the store has, written into host slots."""
+        n, arrived = self.page_tokens, 0
+        for i, key in enumerate(keys):
+            if key not in self.store:
+                break
+            self.host[host_slots[i * n : (i + 1) * n]] = self.store[key]
+            arrived += 1
+        return arrived

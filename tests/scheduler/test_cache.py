@@ -18,7 +18,7 @@ class HostSlots:
         self.slots = SlotAllocator(n)
         self.copies: list[tuple[list[int], list[int]]] = []  # (device, host) copies asked
 
-    def copy_down(self, device_slots: np.ndarray) -> np.ndarray | None:
+    def copy_down(self, device_slots: np.ndarray, hashes=()) -> np.ndarray | None:
         if len(device_slots) > self.slots.num_free:
             return None
         host = self.slots.alloc(len(device_slots))

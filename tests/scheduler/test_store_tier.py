@@ -1,0 +1,134 @@
+"""The shared store (L3) in the core: pages demoted on worker A are put under their
+chained page keys; worker B, asked the same document, fetches them into its host tier
+at queue time, loads them back and computes only the rest. Slot workers read tokens
+back through slots, so a page put or fetched under the wrong key changes outputs."""
+
+from __future__ import annotations
+
+from libs.protocol.hashing import block_hashes
+from libs.protocol.messages import FetchReply, SamplingParams, WorkerInfo
+from libs.transfer.store import page_key, page_keys
+from services.scheduler.config import CoreConfig
+from services.scheduler.core import SchedulerCore
+from services.scheduler.request import Req
+
+from .slot_worker import SlotWorker
+from .test_core import EOS, assert_all_slots_back
+
+PAGE = 16
+DOC = list(range(100, 100 + 20 * PAGE))  # 320 tokens: 20 pages
+
+
+def make(worker_id, store, kv_slots=512, host_slots=1024):
+    info = WorkerInfo(worker_id=worker_id, model="m", kv_slots=kv_slots, max_requests=8,
+                      max_model_len=1024, vocab_size=4000, eos_token_ids=[EOS], dtype="float32",
+                      host_kv_slots=host_slots, store_page_tokens=PAGE)
+    core = SchedulerCore(info, CoreConfig(page_size=PAGE))
+    return core, SlotWorker(kv_slots, 8, 1024, host_slots=host_slots, store=store, page_tokens=PAGE)
+
+
+def request(rid, prompt, max_new=4):
+    return Req(rid=rid, input_ids=list(prompt), detok_instance="tok",
+               sampling=SamplingParams(max_new_tokens=max_new, seed=3))
+
+
+def run(core, worker, reqs, fetch_arrived=None):
+    """Submit and drain; a planned fetch is answered by the slot worker's store at once
+    (``fetch_arrived`` caps the pages that arrive, as a deadline would)."""
+    out = {}
+    for r in reqs:
+        core.submit(r)
+        if core.store and r.rid in core.store.fetching:
+            f = core.store.fetching[r.rid][1]
+            arrived = worker.fetch(f.keys, f.slots.tolist())
+            if fetch_arrived is not None:
+                arrived = min(arrived, fetch_arrived)
+            core.fetched(r, FetchReply(arrived=arrived, missing=len(f.keys) - arrived,
+                                       deadline=fetch_arrived is not None, seconds=0.01))
+    while core.has_work():
+        batch = core.next_batch()
+        if batch is not None:
+            core.complete(worker.run(batch))
+        for _, d in core.take_deltas():
+            out.setdefault(d.rid, []).extend(d.token_ids)
+    return out
+
+
+def evict_all(core, worker):
+    """Push the document off A's device (to its host tier, and so to the store)."""
+    filler = [request(f"f{i}", list(range(2000 + i * 400, 2000 + i * 400 + 380)), 2) for i in range(3)]
+    run(core, worker, filler)
+
+
+def test_keys_of_a_fetch_are_the_keys_the_tree_puts():
+    hashes = block_hashes(DOC, PAGE, "tenant")
+    assert page_keys("m", "float32", DOC, "tenant", PAGE) == [page_key("m", "float32", h) for h in hashes]
+
+
+def test_a_document_prefilled_on_a_comes_from_the_store_on_b():
+    store: dict = {}
+    a, aw = make("a", store)
+    want = run(a, aw, [request("r1", DOC + [7, 8, 9])])
+    evict_all(a, aw)
+    assert a.host.put >= len(DOC) and len(store) >= len(DOC) // PAGE
+    b, bw = make("b", store)
+    got = run(b, bw, [request("r1", DOC + [7, 8, 9])])
+    assert got == want
+    stats = b.stats()
+    assert stats.store_fetches == {"complete": 1}
+    assert stats.store_fetched_tokens == len(DOC)
+    assert stats.cached_tokens == len(DOC) and stats.host_loaded_tokens == len(DOC)
+    assert_all_slots_back(b)
+
+
+def test_pages_that_missed_the_deadline_are_recomputed():
+    store: dict = {}
+    a, aw = make("a", store)
+    want = run(a, aw, [request("r1", DOC + [5])])
+    evict_all(a, aw)
+    b, bw = make("b", store)
+    got = run(b, bw, [request("r1", DOC + [5])], fetch_arrived=5)
+    assert got == want
+    assert b.stats().store_fetches == {"deadline": 1}
+    assert b.stats().cached_tokens == 5 * PAGE
+    assert_all_slots_back(b)
+
+
+def test_a_store_without_the_pages_costs_nothing_but_the_miss():
+    b, bw = make("b", {})
+    out = run(b, bw, [request("r1", DOC + [5])])
+    assert len(out["r1"]) == 4
+    assert b.stats().store_fetches == {"miss": 1} and b.stats().store_fetched_tokens == 0
+    assert b.host.num_free == b.info.host_kv_slots
+    assert_all_slots_back(b)
+
+
+def test_tenants_never_fetch_each_others_pages():
+    store: dict = {}
+    a, aw = make("a", store)
+    doc = request("r1", DOC + [5])
+    doc.namespace = "tenant-a"
+    run(a, aw, [doc])
+    evict_all(a, aw)
+    b, bw = make("b", store)
+    other = request("r2", DOC + [5])
+    other.namespace = "tenant-b"
+    run(b, bw, [other])
+    assert b.stats().store_fetches == {"miss": 1} and b.stats().cached_tokens == 0
+
+
+def test_an_abort_while_fetching_frees_the_host_slots():
+    store: dict = {}
+    a, aw = make("a", store)
+    run(a, aw, [request("r1", DOC + [5])])
+    evict_all(a, aw)
+    b, bw = make("b", store)
+    req = request("r1", DOC + [5])
+    b.submit(req)
+    assert "r1" in b.store.fetching and b.host.num_free < b.info.host_kv_slots
+    b.abort("r1")
+    b.fetched(req, FetchReply(arrived=20))
+    (delta,) = [d for _, d in b.take_deltas()]
+    assert delta.finish_reason == "abort"
+    assert b.host.num_free == b.info.host_kv_slots and not b.has_work()
+    assert_all_slots_back(b)
