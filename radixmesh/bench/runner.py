@@ -1,8 +1,9 @@
 """Drive a workload against one system: arrivals, dependencies, concurrency.
 
 Root requests (no parent) arrive by a Poisson process of ``rate`` requests/s
-(all at once when ``rate`` is inf); a request with parents is released as soon
-as all of them finished, with their actual answers embedded. At most
+(all at once when ``rate`` is inf), unless a request fixes its own ``arrive_s``;
+a request with parents (or ``after``) is released as soon as all of them
+finished, with the parents' actual answers embedded. At most
 ``max_concurrency`` requests are in flight (None: unbounded).
 """
 
@@ -59,12 +60,19 @@ def arrival_times(n: int, rate: float, seed: int) -> list[float]:
     return np.cumsum(gaps).tolist()
 
 
+def _arrivals(workload: Workload, load: Load) -> dict[str, float]:
+    """Request id -> arrival time: a request's own ``arrive_s``, else the load's
+    arrival process for the roots."""
+    fixed = {s.id: s.arrive_s for s in workload.requests if s.arrive_s is not None}
+    roots = [s.id for s in workload.roots if s.id not in fixed]
+    return dict(zip(roots, arrival_times(len(roots), load.rate, load.seed))) | fixed
+
+
 async def run_workload(workload: Workload, system: str, send: Send, load: Load,
                        progress: Progress | None = None) -> tuple[list[Record], float]:
     """Run every request once; returns (records in workload order, duration in seconds)."""
     progress = progress or NoProgress()
-    roots = workload.roots
-    arrival = dict(zip((s.id for s in roots), arrival_times(len(roots), load.rate, load.seed)))
+    arrival = _arrivals(workload, load)
     finished = {s.id: asyncio.Event() for s in workload.requests}
     answers: dict[str, str] = {}
     limit = asyncio.Semaphore(load.max_concurrency or len(workload.requests) or 1)
@@ -76,7 +84,7 @@ async def run_workload(workload: Workload, system: str, send: Send, load: Load,
         try:
             if spec.id in arrival:
                 await asyncio.sleep(max(0.0, t0 + arrival[spec.id] - time.perf_counter()))
-            for parent in spec.depends_on:
+            for parent in (*spec.depends_on, *spec.after):
                 await finished[parent].wait()
             failed = [p for p in spec.depends_on if p not in answers]
             if failed:

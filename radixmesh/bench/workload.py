@@ -3,6 +3,9 @@
 A request whose messages contain an :class:`Answer` part depends on that
 earlier request: the harness sends it only after the parent finished, with the
 parent's actual answer in its place (multi-turn follow-ups, combining calls).
+A request with ``after`` waits for those requests to finish (ok or not) without
+embedding anything (a closed loop: one stream after another). ``arrive_s``
+fixes when a request arrives, instead of the load's arrival process.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class RequestSpec:
     kind: str
     messages: tuple[Message, ...]
     max_tokens: int
+    after: tuple[str, ...] = ()  # sent once these finished; their answers are not used
+    arrive_s: float | None = None  # seconds after the start (None: the load's arrivals)
 
     @property
     def depends_on(self) -> tuple[str, ...]:
@@ -70,11 +75,11 @@ class Workload:
         for spec in self.requests:
             if spec.id in seen:
                 raise ValueError(f"duplicate request id {spec.id!r}")
-            missing = [d for d in spec.depends_on if d not in seen]
+            missing = [d for d in (*spec.depends_on, *spec.after) if d not in seen]
             if missing:
                 raise ValueError(f"{spec.id} depends on {missing}, which do not come before it")
             seen.add(spec.id)
 
     @property
     def roots(self) -> list[RequestSpec]:
-        return [s for s in self.requests if not s.depends_on]
+        return [s for s in self.requests if not s.depends_on and not s.after]

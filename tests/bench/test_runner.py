@@ -66,3 +66,34 @@ async def test_concurrency_limit_and_failed_parents():
     by_id = {r.id: r for r in records}
     assert by_id["b"].ok and not by_id["a"].ok
     assert "parent" in by_id["a2"].error and "parent" in by_id["ab"].error
+
+
+async def test_after_waits_without_embedding_and_fixed_arrivals_are_kept():
+    ask = Message.text("user", "q")
+    w = Workload("t", [
+        RequestSpec("late", "doc", (ask,), 4, arrive_s=0.08),
+        RequestSpec("s0", "stream", (ask,), 4, arrive_s=0.0),
+        RequestSpec("s1", "stream", (ask,), 4, after=("s0",)),
+    ])
+    started: dict[str, float] = {}
+    t0 = time.perf_counter()
+
+    async def send(spec, messages, record, index):
+        started[spec.id] = time.perf_counter() - t0
+        await asyncio.sleep(0.03)
+        if spec.id == "s0":
+            record.error = "HTTP 500: boom"  # a lane goes on after a failed stream
+        assert messages == [{"role": "user", "content": "q"}]
+
+    records, _ = await run_workload(w, "sys", send, Load(rate=1e-3, seed=0))
+    by_id = {r.id: r for r in records}
+    assert by_id["s1"].ok and by_id["s1"].depends_on == []
+    assert started["s1"] >= started["s0"] + 0.03
+    assert 0.08 <= started["late"] < 0.5  # its own time, not the load's (rate 1e-3/s)
+
+
+def test_workload_rejects_after_pointing_forward():
+    ask = Message.text("user", "q")
+    with pytest.raises(ValueError, match="do not come before"):
+        Workload("x", [RequestSpec("b", "s", (ask,), 4, after=("a",)),
+                       RequestSpec("a", "s", (ask,), 4)])
