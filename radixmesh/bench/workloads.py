@@ -9,7 +9,8 @@
 - ``tiered-docs``: documents asked over and over, in a cycle (which defeats LRU)
   or by Zipf popularity, whose working set is several times a worker's KV pool
   (run with a small ``--kv-slots``): what memory tiers are for.
-- ``random``: no sharing at all (the control).
+- ``random``: no sharing at all (the control);
+- ``pd-mix`` (pd_mix.py): decoding streams while long documents keep arriving.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Callable
 
 import numpy as np
 
+from .pd_mix import QUICK as PD_MIX_QUICK
+from .pd_mix import PDMixParams, build_pd_mix
 from .text import DEPARTMENTS, ROLES, TextGen, fit_tokens, handbook
 from .tokens import ChatTokenizer, common_prefix, ideal_hit_rate
 from .workload import Answer, Message, RequestSpec, Workload
@@ -224,6 +227,7 @@ WORKLOADS: dict[str, WorkloadKind] = {
         docs=4, doc_tokens=300, requests=8, max_tokens=8), build_tiered_docs),
     "random": WorkloadKind(RandomParams, RandomParams(
         requests=10, min_prompt_tokens=100, max_prompt_tokens=600, max_tokens=16), build_random),
+    "pd-mix": WorkloadKind(PDMixParams, PD_MIX_QUICK, build_pd_mix),
 }
 
 
