@@ -32,14 +32,58 @@ def _cell(value, fmt: str) -> str:
     return fmt.format(value)
 
 
-def markdown_table(summaries: list[Summary]) -> str:
-    lines = ["| " + " | ".join(c[0] for c in _COLUMNS) + " |",
-             "|" + "---|" * len(_COLUMNS)]
-    for s in summaries:
-        cells = [f"{s.completed}/{s.failed}" if attr is None else _cell(getattr(s, attr), fmt)
-                 for _, attr, fmt in _COLUMNS]
+# per request class (kind): the streams' decode cadence apart from the documents' TTFT
+_CLASS_COLUMNS = (
+    ("system", "system", "{}"),
+    ("class", "class", "{}"),
+    ("ok/failed", None, ""),
+    ("out tok/s", "output_throughput", "{:.1f}"),
+    ("TTFT p50 (ms)", "ttft_p50_ms", "{:.0f}"),
+    ("TTFT p99 (ms)", "ttft_p99_ms", "{:.0f}"),
+    ("TPOT p50 (ms)", "tpot_p50_ms", "{:.1f}"),
+    ("TPOT p99 (ms)", "tpot_p99_ms", "{:.1f}"),
+    ("ITL p99 (ms)", "itl_p99_ms", "{:.0f}"),
+)
+
+
+def _table(columns, rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(c[0] for c in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = [f"{row['completed']}/{row['failed']}" if attr is None else _cell(row[attr], fmt)
+                 for _, attr, fmt in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def markdown_table(summaries: list[Summary]) -> str:
+    return _table(_COLUMNS, [dataclasses.asdict(s) for s in summaries])
+
+
+def class_table(classes: list[tuple[str, Summary]]) -> str:
+    """One row per (system, request class), from :func:`stats.summarize_by_kind`."""
+    return _table(_CLASS_COLUMNS, [dict(dataclasses.asdict(s), **{"class": kind})
+                                   for kind, s in classes])
+
+
+PD_GOALS = {"tpot_p99": 0.5, "throughput": 0.9}  # the disaggregation issue's
+
+
+def pd_goals(summaries: list[Summary], classes: list[tuple[str, Summary]], base: str, pd: str,
+             kind: str) -> list[str]:
+    """``pd`` against ``base``: the ``kind`` requests' TPOT p99 (goal <= 0.5x) and the
+    total output throughput (goal >= 0.9x); empty unless both ran."""
+    total = {s.system: s for s in summaries}
+    of_kind = {s.system: s for k, s in classes if k == kind}
+    if not {base, pd} <= set(total) or not {base, pd} <= set(of_kind):
+        return []
+    if not (of_kind[base].tpot_p99_ms > 0 and total[base].output_throughput > 0):
+        return []  # NOTE: also NaN (nothing measured)
+    tpot = of_kind[pd].tpot_p99_ms / of_kind[base].tpot_p99_ms
+    tput = total[pd].output_throughput / total[base].output_throughput
+    verdict = lambda ok: "met" if ok else "not met"  # noqa: E731
+    return [f"{pd} / {base}: {kind} TPOT p99 {tpot:.2f}x (goal <= {PD_GOALS['tpot_p99']}x: "
+            f"{verdict(tpot <= PD_GOALS['tpot_p99'])}), output throughput {tput:.2f}x "
+            f"(goal >= {PD_GOALS['throughput']}x: {verdict(tput >= PD_GOALS['throughput'])})"]
 
 
 def _clean(value):
@@ -53,8 +97,11 @@ def _clean(value):
     return value
 
 
-def write_json(path: Path, meta: dict, summaries: list[Summary], records: list[Record]) -> None:
+def write_json(path: Path, meta: dict, summaries: list[Summary], records: list[Record],
+               classes: list[tuple[str, Summary]] = ()) -> None:
     body = {"meta": meta, "summaries": [dataclasses.asdict(s) for s in summaries],
+            "class_summaries": [dict(dataclasses.asdict(s), **{"class": kind})
+                                for kind, s in classes],
             "records": [dataclasses.asdict(r) for r in records]}
     path.write_text(json.dumps(_clean(body), indent=1, allow_nan=False) + "\n")
 

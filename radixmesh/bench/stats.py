@@ -42,6 +42,7 @@ class Summary:
     cache_hit_rate: float  # cached prompt tokens / prompt tokens
     host_hit_rate: float = 0.0  # of the prompt tokens: loaded back from the host tier
     worker_idle: float = math.nan  # share of the run the workers waited between steps
+    tpot_p99_ms: float = math.nan
 
 
 def summarize(system: str, records: list[Record], duration_s: float,
@@ -69,4 +70,14 @@ def summarize(system: str, records: list[Record], duration_s: float,
         prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
         cache_hit_rate=cached / prompt if prompt else math.nan,
         host_hit_rate=from_host / prompt if prompt else math.nan, worker_idle=worker_idle,
+        tpot_p99_ms=ms(tpot, 99),
     )
+
+
+def summarize_by_kind(system: str, records: list[Record],
+                      duration_s: float) -> list[tuple[str, Summary]]:
+    """One summary per request kind (a workload's classes), in order of first appearance;
+    throughputs are over the whole run's ``duration_s``."""
+    kinds = dict.fromkeys(r.kind for r in records)
+    return [(k, summarize(system, [r for r in records if r.kind == k], duration_s))
+            for k in kinds]

@@ -1,9 +1,11 @@
 import json
 import math
 
+import pytest
+
 from radixmesh.bench.record import Record
-from radixmesh.bench.report import markdown_table, plot, write_json
-from radixmesh.bench.stats import summarize
+from radixmesh.bench.report import class_table, markdown_table, pd_goals, plot, write_json
+from radixmesh.bench.stats import summarize, summarize_by_kind
 
 
 def _records():
@@ -39,3 +41,39 @@ def test_plots_are_written(tmp_path):
                  recs, "test")
     assert [p.name for p in paths] == ["ttft.png", "throughput.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def _two_classes(system, tpot_s, tput_tokens):
+    streams = [Record(system, f"s{i}", "stream", ttft_s=0.1, e2e_s=0.1 + 9 * tpot_s * (i + 1),
+                      completion_tokens=10, itl_s=[tpot_s * (i + 1)] * 9) for i in range(3)]
+    docs = [Record(system, "d0", "document", ttft_s=2.0, e2e_s=2.0,
+                   completion_tokens=tput_tokens)]
+    return streams + docs
+
+
+def test_class_table_keeps_streams_apart_from_documents(tmp_path):
+    recs = _two_classes("stack", 0.1, 1)
+    classes = summarize_by_kind("stack", recs, 2.0)
+    assert [k for k, _ in classes] == ["stream", "document"]
+    stream = classes[0][1]
+    assert stream.tpot_p50_ms == pytest.approx(200) and stream.tpot_p99_ms == pytest.approx(298)
+    assert classes[1][1].ttft_p50_ms == pytest.approx(2000)
+    lines = class_table(classes).splitlines()
+    assert "| class |" in lines[0] and "TPOT p99 (ms)" in lines[0]
+    assert lines[2].startswith("| stack | stream | 3/0 | 15.0 | 100 | 100 | 200.0 | 298.0 |")
+    assert lines[3].startswith("| stack | document | 1/0 | 0.5 | 2000 | 2000 | - | - |")
+    write_json(tmp_path / "r.json", {}, [summarize("stack", recs, 2.0)], recs, classes)
+    body = json.loads((tmp_path / "r.json").read_text())
+    assert [c["class"] for c in body["class_summaries"]] == ["stream", "document"]
+
+
+def test_pd_goals_compare_stream_tpot_p99_and_total_throughput():
+    base, pd = _two_classes("base", 0.2, 1), _two_classes("pd", 0.05, 1)
+    summaries = [summarize("base", base, 2.0), summarize("pd", pd, 2.0)]
+    classes = summarize_by_kind("base", base, 2.0) + summarize_by_kind("pd", pd, 2.0)
+    [line] = pd_goals(summaries, classes, "base", "pd", "stream")
+    assert "TPOT p99 0.25x" in line and "goal <= 0.5x: met" in line
+    assert "throughput 1.00x (goal >= 0.9x: met)" in line
+    slow = [summarize("base", base, 2.0), summarize("pd", pd, 4.0)]
+    assert "0.50x (goal >= 0.9x: not met)" in pd_goals(slow, classes, "base", "pd", "stream")[0]
+    assert pd_goals(summaries[:1], classes, "base", "pd", "stream") == []
