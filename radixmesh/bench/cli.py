@@ -23,7 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_argument_group("target")
     target.add_argument("--url", help="benchmark the gateway at URL instead of starting stacks")
     target.add_argument("--model", default="default", help="local HF model dir, or 'default'")
-    target.add_argument("--workers", type=int, default=1, help="gpu_workers per started stack")
+    target.add_argument("--workers", type=int, default=1,
+                        help="gpu_workers per started stack (radixmesh-pd: as many, split "
+                             "into prefill and decode workers)")
     target.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     target.add_argument("--kv-slots", type=int, default=16384, help="KV tokens per worker")
     target.add_argument("--threads", type=int, default=0,

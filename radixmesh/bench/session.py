@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import math
 import os
@@ -14,10 +15,13 @@ from pathlib import Path
 
 from .client import ClientConfig
 from .record import Record, check
-from .report import markdown_table, plot, write_json
+from .pd_mix import STREAM
+from .report import class_table, markdown_table, pd_goals, plot, write_json
 from .runner import Load
-from .stats import Summary, summarize
-from .systems import BenchError, Plan, SystemPlan, bench_http, plan_systems, run_stack
+from .stats import Summary, summarize, summarize_by_kind
+from .systems import (BenchError, Plan, RunResult, SystemPlan, bench_http, plan_systems,
+                      run_stack)
+from .transfers import transfer_table
 from .tokens import ChatTokenizer
 from .workload import Workload
 from .workloads import build_workload
@@ -55,7 +59,7 @@ def _progress(args: argparse.Namespace, name: str):
 
 
 def _run_system(plan: SystemPlan, args, workload: Workload, tok: ChatTokenizer, model_dir: Path,
-                out_dir: Path) -> tuple[list[Record], float, float]:
+                out_dir: Path) -> RunResult:
     if plan.kind == "stack":
         print(f"[{plan.name}] starting a stack; logs in {out_dir / 'logs' / plan.name}",
               file=sys.stderr, flush=True)
@@ -63,13 +67,13 @@ def _run_system(plan: SystemPlan, args, workload: Workload, tok: ChatTokenizer, 
         print(f"[{plan.name}] loading the model", file=sys.stderr, flush=True)
     with _progress(args, plan.name) as bar:
         if plan.kind == "hf":
-            return _run_hf(args, workload, tok, model_dir, bar)
+            return RunResult(*_run_hf(args, workload, tok, model_dir, bar))
         bench = dict(workload=workload, tok=tok, warmup=args.warmup, timeout_s=args.timeout,
                      load=Load(args.request_rate, args.max_concurrency, args.seed),
                      client=ClientConfig(args.api, "", args.temperature, args.ignore_eos,
                                          args.seed), progress=bar)
         if plan.kind == "url":
-            return asyncio.run(bench_http(args.url, plan.name, **bench))
+            return RunResult(*asyncio.run(bench_http(args.url, plan.name, **bench)))
         stack = dict(model=args.model, workers=args.workers, dtype=args.dtype,
                      kv_slots=args.kv_slots, threads_per_worker=args.threads)
         return run_stack(plan, stack, out_dir / "logs" / plan.name, args.startup_timeout,
@@ -110,6 +114,7 @@ def _meta(args: argparse.Namespace, workload: Workload, plan: Plan, model_dir: P
         "stack": None if args.url else {"workers": args.workers, "dtype": args.dtype,
                                         "kv_slots": args.kv_slots, "threads": args.threads},
         "url": args.url, "systems": [s.name for s in plan.systems], "notes": plan.notes,
+        "layouts": {s.name: s.layout(args.workers) for s in plan.systems if s.kind == "stack"},
     }
 
 
@@ -129,7 +134,8 @@ def run_session(args: argparse.Namespace) -> int:
     model_dir = resolve_model(args.model)
     tok = ChatTokenizer.load(model_dir)
     workload = build_workload(args.workload, tok, args.seed, args.quick, _overrides(args.param))
-    plan = plan_systems([s.strip() for s in args.systems.split(",") if s.strip()], args.url)
+    plan = plan_systems([s.strip() for s in args.systems.split(",") if s.strip()], args.url,
+                        args.workers)
     if not plan.systems:
         raise BenchError("no system to run: " + "; ".join(plan.notes))
     if args.hf_requests and args.hf_requests < len(workload.requests) and any(
@@ -145,24 +151,45 @@ def run_session(args: argparse.Namespace) -> int:
 
     records: list[Record] = []
     summaries: list[Summary] = []
+    classes: list[tuple[str, Summary]] = []
+    transfers = []
     for system in plan.systems:
-        got, duration, idle = _run_system(system, args, workload, tok, model_dir, out_dir)
-        records += got
-        summaries.append(summarize(system.name, got, duration, worker_idle=idle))
+        got = _run_system(system, args, workload, tok, model_dir, out_dir)
+        records += got.records
+        summaries.append(summarize(system.name, got.records, got.duration_s,
+                                   worker_idle=got.worker_idle))
+        classes += summarize_by_kind(system.name, got.records, got.duration_s)
+        if system.kind == "stack":
+            transfers.append((system.name, system.layout(args.workers), got.transfers))
     meta["problems"] = problems = check(records)
-    return _finish(args, out_dir, meta, summaries, records, problems)
+    meta["transfers"] = {name: t and dataclasses.asdict(t) for name, _, t in transfers}
+    extra = _extra_tables(plan, summaries, classes, transfers)
+    return _finish(args, out_dir, meta, summaries, records, problems, classes, extra)
+
+
+def _extra_tables(plan: Plan, summaries: list[Summary], classes: list[tuple[str, Summary]],
+                  transfers: list) -> str:
+    """The per-class table (a workload of several request kinds), the KV transfers and
+    the disaggregation goals (a run with prefill/decode workers)."""
+    parts = []
+    if len({kind for kind, _ in classes}) > 1:
+        parts.append(class_table(classes))
+    if any(p.stack for p in plan.systems):
+        parts.append(transfer_table(transfers))
+        parts += pd_goals(summaries, classes, "radixmesh", "radixmesh-pd", STREAM)
+    return "\n\n".join(parts)
 
 
 def _finish(args, out_dir: Path, meta: dict, summaries: list[Summary], records: list[Record],
-            problems: list[str]) -> int:
+            problems: list[str], classes: list[tuple[str, Summary]], extra: str) -> int:
     info = meta["workload"]["info"]
     header = (f"workload {meta['workload']['name']}{' (quick)' if args.quick else ''}: "
               f"{info['requests']} requests, seed {args.seed}, rate {args.request_rate} req/s, "
               f"max concurrency {args.max_concurrency or 'unbounded'}, api {args.api}, "
               f"{meta['machine']['cores']} cores ({meta['machine']['cpu']}), {meta['date']}")
-    table = markdown_table(summaries)
+    table = markdown_table(summaries) + (f"\n\n{extra}" if extra else "")
     (out_dir / "table.md").write_text(f"{meta['command']}\n\n{header}\n\n{table}\n")
-    write_json(out_dir / "results.json", meta, summaries, records)
+    write_json(out_dir / "results.json", meta, summaries, records, classes)
     files = [out_dir / "results.json", out_dir / "table.md"]
     if not args.no_plots:
         files += plot(out_dir, summaries, records, meta["workload"]["name"])

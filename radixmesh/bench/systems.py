@@ -8,6 +8,9 @@
 - ``radixmesh-host-tier``: a stack whose workers keep a host KV pool of
   ``HOST_TIER_RATIO`` x their device pool (the host tier: evicted prefixes are
   demoted there and loaded back);
+- ``radixmesh-pd``: a stack of as many workers as ``--workers`` (at least 2),
+  half of them prefill workers and the rest decode workers, which move each
+  request's KV from one to the other (prefill/decode disaggregation);
 - ``radixmesh-<policy>``: a stack whose cache index routes with ``<policy>``
   (``cache_aware``, ``round_robin``, ``least_load``, ``random``, ``prefix_hash``).
 """
@@ -19,6 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -27,11 +31,12 @@ from .client import ClientConfig, StreamClient
 from .record import Record
 from .runner import Load, Progress, run_workload
 from .tokens import ChatTokenizer
+from .transfers import Transfers, collect
 from .workload import Workload
 from .workloads import RandomParams, build_random
 
 SYSTEMS = ("radixmesh", "radixmesh-no-cache", "radixmesh-no-overlap", "radixmesh-host-tier",
-           "hf-generate")
+           "radixmesh-pd", "hf-generate")
 HOST_TIER_RATIO = 3
 ROUTING_POLICIES = ("cache_aware", "round_robin", "least_load", "random", "prefix_hash")
 DEFAULT_SYSTEMS = ("radixmesh", "radixmesh-no-cache", "hf-generate")
@@ -51,6 +56,22 @@ class SystemPlan:
     scheduler_flags: tuple[str, ...] = ()
     index_flags: tuple[str, ...] = ()
     host_ratio: int = 0  # workers get a host KV pool of this many times their device pool
+    stack: tuple[tuple[str, int], ...] = ()  # StackConfig fields over the run's (worker roles)
+
+    def layout(self, workers: int) -> str:
+        """The worker processes it runs, e.g. "2 colocated", "1 prefill + 1 decode"."""
+        counts = {"workers": workers, **dict(self.stack)}
+        parts = [f"{counts[k]} {name}" for k, name in (
+            ("workers", "colocated"), ("prefill_workers", "prefill"),
+            ("decode_workers", "decode")) if counts.get(k)]
+        return " + ".join(parts)
+
+
+class RunResult(NamedTuple):
+    records: list[Record]
+    duration_s: float
+    worker_idle: float  # NaN: unknown
+    transfers: Transfers | None = None  # None: not measured (no stack of the harness's)
 
 
 @dataclass
@@ -69,7 +90,24 @@ def scheduler_supports(flag: str) -> bool:
     return flag in out.stdout
 
 
-def plan_systems(wanted: list[str], url: str | None) -> Plan:
+def pd_split(workers: int) -> tuple[tuple[str, int], ...]:
+    """``workers`` processes as prefill + decode workers (the decode side gets the odd one)."""
+    return (("workers", 0), ("prefill_workers", workers // 2),
+            ("decode_workers", workers - workers // 2))
+
+
+def _plan_pd(plan: Plan, url: str | None, workers: int) -> None:
+    if url:
+        plan.notes.append("radixmesh-pd skipped: it needs a stack started by the harness")
+    elif workers < 2:
+        plan.notes.append("radixmesh-pd skipped: it splits --workers into prefill and decode "
+                          "workers (as many processes as the colocated systems): use "
+                          "--workers 2 or more")
+    else:
+        plan.systems.append(SystemPlan("radixmesh-pd", "stack", stack=pd_split(workers)))
+
+
+def plan_systems(wanted: list[str], url: str | None, workers: int = 1) -> Plan:
     plan = Plan()
     routed = {f"radixmesh-{p}": p for p in ROUTING_POLICIES}
     unknown = sorted(set(wanted) - set(SYSTEMS) - set(routed))
@@ -92,6 +130,8 @@ def plan_systems(wanted: list[str], url: str | None) -> Plan:
                                   f"{NO_CACHE_FLAG} flag yet (no prefix cache to turn off)")
             else:
                 plan.systems.append(SystemPlan(name, "stack", (NO_CACHE_FLAG,)))
+        elif name == "radixmesh-pd":
+            _plan_pd(plan, url, workers)
         elif name in ("radixmesh-no-overlap", "radixmesh-host-tier"):
             if url:
                 plan.notes.append(f"{name} skipped: it needs a stack started by the harness")
@@ -143,8 +183,9 @@ async def _warm_up(stream: StreamClient, tok: ChatTokenizer, count: int, seed: i
 
 
 def run_stack(plan: SystemPlan, stack_kwargs: dict, log_dir: Path, startup_timeout: float,
-              **bench_kwargs) -> tuple[list[Record], float, float]:
-    """Start a private stack for ``plan``, run the workload on it, stop it."""
+              **bench_kwargs) -> RunResult:
+    """Start a private stack for ``plan``, run the workload on it, read its KV transfer
+    counters, stop it."""
     from radixmesh.launcher import LocalStack, StackError, ephemeral_stack_config
 
     extra = {}
@@ -154,12 +195,21 @@ def run_stack(plan: SystemPlan, stack_kwargs: dict, log_dir: Path, startup_timeo
         extra["cache_index"] = list(plan.index_flags)
     if plan.host_ratio:
         extra["gpu_worker"] = ["--host-kv-slots", str(plan.host_ratio * stack_kwargs["kv_slots"])]
-    config = ephemeral_stack_config(log_dir, extra=extra, **stack_kwargs)
+    config = ephemeral_stack_config(log_dir, extra=extra, **{**stack_kwargs, **dict(plan.stack)})
     stack = LocalStack(config, progress=lambda msg: None)
     try:
         stack.start(timeout=startup_timeout)
-        return asyncio.run(bench_http(stack.url, plan.name, **bench_kwargs))
+        result = RunResult(*asyncio.run(bench_http(stack.url, plan.name, **bench_kwargs)))
+        return result._replace(transfers=_transfers(stack.nats_url, config.subject_prefix))
     except StackError as exc:
         raise BenchError(f"{plan.name}: {exc}") from None
     finally:
         stack.stop()
+
+
+def _transfers(nats_url: str, subject_prefix: str) -> Transfers | None:
+    try:
+        return asyncio.run(asyncio.wait_for(collect(nats_url, subject_prefix), 30))
+    except Exception as exc:  # NOTE: the run's records stand without the counters
+        print(f"note: KV transfer counters unavailable: {exc!r}", file=sys.stderr)
+        return None

@@ -1,4 +1,5 @@
-from radixmesh.bench.systems import HOST_TIER_RATIO, plan_systems
+from radixmesh.bench.systems import HOST_TIER_RATIO, RunResult, pd_split, plan_systems, run_stack
+from radixmesh.bench.transfers import Transfers
 
 
 def test_host_tier_system_starts_its_own_stack_with_a_host_pool():
@@ -8,3 +9,46 @@ def test_host_tier_system_starts_its_own_stack_with_a_host_pool():
     assert plan.systems[0].host_ratio == 0
     remote = plan_systems(["radixmesh-host-tier"], url="http://127.0.0.1:1")
     assert not remote.systems and "needs a stack" in remote.notes[0]
+
+
+def test_pd_system_splits_the_same_workers_into_prefill_and_decode():
+    plan = plan_systems(["radixmesh", "radixmesh-pd"], url=None, workers=2)
+    base, pd = plan.systems
+    assert (base.layout(2), pd.layout(2)) == ("2 colocated", "1 prefill + 1 decode")
+    assert dict(pd.stack) == {"workers": 0, "prefill_workers": 1, "decode_workers": 1}
+    assert dict(pd_split(3)) == {"workers": 0, "prefill_workers": 1, "decode_workers": 2}
+    for url, workers in ((None, 1), ("http://127.0.0.1:1", 2)):
+        skipped = plan_systems(["radixmesh-pd"], url=url, workers=workers)
+        assert not skipped.systems and "radixmesh-pd skipped" in skipped.notes[0]
+
+
+def test_run_stack_starts_the_pd_layout_and_reads_its_transfers(monkeypatch, tmp_path):
+    import radixmesh.launcher as launcher
+    from radixmesh.bench import systems
+
+    configs = []
+
+    class FakeStack:
+        url, nats_url = "http://127.0.0.1:1", "nats://127.0.0.1:1"
+
+        def __init__(self, config, progress):
+            configs.append(config)
+
+        def start(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    async def fake_bench(url, system, **kw):
+        return [], 1.5, 0.0
+
+    monkeypatch.setattr(launcher, "LocalStack", FakeStack)
+    monkeypatch.setattr(systems, "bench_http", fake_bench)
+    monkeypatch.setattr(systems, "_transfers", lambda url, prefix: Transfers(sent=4))
+    [pd] = plan_systems(["radixmesh-pd"], url=None, workers=2).systems
+    stack = dict(model="default", workers=2, dtype="float32", kv_slots=1024, threads_per_worker=1)
+    result = run_stack(pd, stack, tmp_path, 10.0)
+    [cfg] = configs
+    assert (cfg.workers, cfg.prefill_workers, cfg.decode_workers, cfg.threads_per_worker) == (0, 1, 1, 1)
+    assert result == RunResult([], 1.5, 0.0, Transfers(sent=4))
