@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = GatewaySettings(name, aliases, None, args.max_body_bytes, args.keyring, limits)
     pipeline_cfg = PipelineConfig(request_timeout=args.request_timeout, bus_timeout=args.bus_timeout)
     server_cfg = ServerConfig(args.host, args.port)
-    body = gateway_body(settings, pipeline_cfg, server_cfg, worker_model=served_name(args.model))
+    body = gateway_body(settings, pipeline_cfg, server_cfg, worker_model=served_name(args.model),
+                        model_path=args.model)
     asyncio.run(run_service("gateway", config, body))
 
 

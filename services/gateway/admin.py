@@ -1,8 +1,10 @@
-"""Operator endpoints that act on every worker: POST /flush_cache."""
+"""Operator endpoints that act on every worker: POST /flush_cache (and the worker list)."""
 
 from __future__ import annotations
 
 import asyncio
+
+import msgspec
 
 from libs.protocol import Bus, ServiceError, Subjects
 from libs.protocol.messages import FlushReply, FlushRequest, WorkersReply, WorkersRequest
@@ -15,6 +17,12 @@ class CacheAdmin:
         self.bus = bus
         self.subjects = subjects
         self.timeout = timeout
+
+    async def workers(self) -> list[dict]:
+        """The live workers as the cache index lists them."""
+        reply = await self.bus.request(self.subjects.index_workers(), WorkersRequest(),
+                                       WorkersReply, self.timeout)
+        return [msgspec.structs.asdict(w) for w in reply.workers]
 
     async def flush(self) -> dict:
         """Empty every worker's prefix cache; 400 if any of them is serving requests."""

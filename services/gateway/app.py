@@ -18,7 +18,8 @@ from .health import HealthReport
 from .limits import ConcurrencyLimit
 from .observability import RequestContextMiddleware
 from .openapi import openapi_document
-from .routes import GatewaySettings, GenerationRoutes, Submitter, endpoint, json_response
+from .routes import GatewaySettings, GenerationRoutes, Submitter, endpoint, json_response, read_body
+from .utility import ServerInfo, UtilityRoutes, public_config
 
 HealthCheck = Callable[[], Awaitable[HealthReport]]
 FlushCache = Callable[[], Awaitable[dict]]
@@ -29,10 +30,15 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthCheck,
-               flush_cache: FlushCache | None = None, metrics: Metrics | None = None) -> Starlette:
+               flush_cache: FlushCache | None = None, metrics: Metrics | None = None,
+               info: ServerInfo | None = None) -> Starlette:
     """The gateway's ASGI app; ``pipeline`` is usually a started :class:`Pipeline`,
-    ``metrics`` renders the Prometheus page (``GET /metrics``; 404 without it)."""
+    ``metrics`` renders the Prometheus page (``GET /metrics``; 404 without it),
+    ``info`` what /get_model_info and /get_server_info say (default: the settings)."""
     gen = GenerationRoutes(pipeline, settings)
+    info = info or ServerInfo(settings.served_model_name, public_config(settings))
+    utility = UtilityRoutes(pipeline, settings.served_model_name, info,
+                            lambda request, kind: read_body(request, kind, settings.max_body_bytes))
     created = int(time.time())
     keyring = _keyring(settings)
     openapi = json_response(openapi_document(models=tuple(settings.accepted_models),
@@ -90,6 +96,7 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
         Route("/flush_cache", endpoint(post_flush_cache), methods=["POST"]),
         Route("/openapi.json", get_openapi, methods=["GET"]),
         Route("/metrics", endpoint(get_metrics), methods=["GET"]),
+        *utility.routes(endpoint, json_response),
     ]
     static = frozenset(r.path for r in routes if "{" not in r.path)
     middleware = [Middleware(RequestContextMiddleware, routes=static)]

@@ -185,6 +185,14 @@ class Pipeline:
         self._live.add(gen)
         return gen
 
+    def abort(self, rid: str) -> bool:
+        """Stop the open request with public id ``rid`` on its scheduler (as a client
+        disconnect does; its output ends with finish_reason ``abort``). False: none open."""
+        gens = [gen for gen in self._live if gen.rid == rid and not gen.finished]
+        for gen in gens:
+            self._publish_later(self.subjects.sched_abort(gen.worker_id), AbortRequest(rid=gen.bus_rid))
+        return bool(gens)
+
     async def _launch_fresh(self, rid: str, req: GenerationRequest,
                             resume: Resume) -> tuple[str, Launched]:
         """Launch under ``rid``; a submit no scheduler answered (one that died

@@ -35,6 +35,8 @@ class Submitter(Protocol):
 
     async def submit(self, req: GenerationRequest) -> Generation: ...
 
+    def abort(self, rid: str) -> bool: ...
+
 
 @dataclass(frozen=True)
 class GatewaySettings:
@@ -139,6 +141,8 @@ class GenerationRoutes:
     async def generate(self, request: Request) -> Response:
         body = await read_body(request, GenerateRequest, self.settings.max_body_bytes)
         req = convert.generate_request(body)
+        if body.rid is not None:  # NOTE: task-local, as the middleware's own id
+            tracing.request_id.set(body.rid)
         asked = body.sampling_params.max_new_tokens
         # NOTE: the schema's default (128) cannot be told from an explicit 128: clamped
         default = asked == _GENERATE_DEFAULT_MAX

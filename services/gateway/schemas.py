@@ -29,6 +29,7 @@ TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 Stop = str | Annotated[list[str], Meta(max_length=MAX_STOP)]
 # prefix-cache namespace: requests with different salts never share cached KV
 CacheSalt = Annotated[str, Meta(max_length=256)]
+RequestId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 # constrained decoding (SGLang's ``regex``): the output fully matches it
 Regex = Annotated[str, Meta(min_length=1, max_length=4096)]
 # sampling controls (OpenAI's ranges; repetition as SGLang bounds it)
@@ -140,6 +141,7 @@ class SamplingParamsBody(_Body, kw_only=True):
 
 
 class GenerateRequest(_Body, kw_only=True):
+    rid: RequestId | None = None  # SGLang: the client names the request (for /abort_request)
     text: str | None = None
     input_ids: Annotated[list[TokenId], Meta(min_length=1)] | None = None
     sampling_params: SamplingParamsBody = msgspec.field(default_factory=SamplingParamsBody)
@@ -150,6 +152,12 @@ class GenerateRequest(_Body, kw_only=True):
     top_logprobs_num: TopLogprobs = 0
     cache_salt: CacheSalt | None = None
     timeout: Timeout | None = None
+
+
+class AbortBody(_Body, kw_only=True):
+    """POST /abort_request (SGLang)."""
+
+    rid: RequestId
 
 
 REQUEST_TYPES = (ChatCompletionRequest, CompletionRequest, GenerateRequest)

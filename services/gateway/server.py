@@ -19,6 +19,7 @@ from .health import BusHealth
 from .metrics import ClusterView, MetricsPage, RequestMetrics
 from .pipeline import Pipeline, PipelineConfig
 from .routes import GatewaySettings
+from .utility import ServerInfo, public_config
 
 log = logging.getLogger("radixmesh.gateway")
 
@@ -81,7 +82,7 @@ async def serve_http(ctx: ServiceContext, app, server_cfg: ServerConfig, log_lev
 
 
 def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server_cfg: ServerConfig,
-                 worker_model: str | None = None):
+                 worker_model: str | None = None, model_path: str | None = None):
     """The ``run_service`` body of the gateway.
 
     ``worker_model`` is the name the workers announce (``served_name(--model)``),
@@ -97,8 +98,11 @@ def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server
         ctx.stack.push_async_callback(pipeline.stop)
         cluster = ClusterView(ctx.bus, ctx.subjects, pipeline.loads, settings.served_model_name,
                               registry, worker_model=pipeline.model)
+        admin = CacheAdmin(ctx.bus, ctx.subjects)
+        info = ServerInfo(model_path or settings.served_model_name,
+                          public_config(settings, pipeline_cfg, server_cfg), admin.workers)
         app = create_app(pipeline, settings, BusHealth(ctx.bus, ctx.subjects, loads=pipeline.loads),
-                         CacheAdmin(ctx.bus, ctx.subjects).flush, MetricsPage(registry, cluster))
+                         admin.flush, MetricsPage(registry, cluster), info)
         url = await serve_http(ctx, app, server_cfg, ctx.config.log_level)
         ctx.detail.update(url=url, model=settings.served_model_name)
         log.info("gateway listening on %s (model %s)", url, settings.served_model_name)
