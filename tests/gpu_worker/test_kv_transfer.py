@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from libs.protocol.messages import KVSendReply, staging_id
 from libs.transfer import HEADER_BYTES, export_slots
@@ -40,11 +41,21 @@ async def _round_trip(pair: Pair, tid: str, path: str) -> KVSendReply:
     return reply
 
 
+def _metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(f"radixmesh:{name}", labels) or 0.0
+
+
 @pytest.mark.parametrize("mode", ["shm", "nats", "auto"])
 async def test_kv_sent_to_another_worker_decodes_as_on_the_prefill_worker(nats_server, mode):
+    path = "nats" if mode == "nats" else "shm"
+    before = [_metric("kv_transfer_bytes_total", path=path, direction=d) for d in ("send", "recv")]
+    seconds = _metric("kv_transfer_seconds_count", path=path)
     async with Pair(nats_server.url, KVTransferConfig(mode=mode)) as pair:
-        reply = await _round_trip(pair, f"t-{mode}", "nats" if mode == "nats" else "shm")
+        reply = await _round_trip(pair, f"t-{mode}", path)
         assert reply.chunks == (1 if reply.path == "shm" else -(-reply.nbytes // ((1 << 20) - 4096)))
+    after = [_metric("kv_transfer_bytes_total", path=path, direction=d) for d in ("send", "recv")]
+    assert [a - b for a, b in zip(after, before)] == [reply.nbytes, reply.nbytes]
+    assert _metric("kv_transfer_seconds_count", path=path) == seconds + 1
 
 
 async def test_auto_sends_chunks_to_a_worker_on_another_host(nats_server):

@@ -10,6 +10,7 @@ import zlib
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from libs.kernels import KVPool
 from libs.protocol.messages import KVChunk, KVChunkAck, KVDrop, KVShmReady, staging_id
@@ -96,9 +97,11 @@ async def test_a_corrupted_shm_file_fails_the_transfer_with_checksum(nats_server
 
 @pytest.mark.parametrize("mode", ["shm", "nats"])
 async def test_an_absent_peer_is_no_route_at_once(nats_server, mode):
+    failures = REGISTRY.get_sample_value("radixmesh:kv_transfer_failures_total", {"reason": "no_route"}) or 0.0
     async with Pair(nats_server.url, KVTransferConfig(mode=mode)) as pair:
         error, seconds = await _failed_send(pair, f"nobody-{mode}", "nobody")
         assert error == "no_route" and seconds < 2.0
+    assert REGISTRY.get_sample_value("radixmesh:kv_transfer_failures_total", {"reason": "no_route"}) == failures + 1
 
 
 @pytest.mark.parametrize("mode", ["shm", "nats"])
