@@ -35,6 +35,12 @@ def checksum(payload: memoryview) -> int:
     return zlib.crc32(payload)
 
 
+def pack_header(layout: KVLayout, num_tokens: int, nbytes: int, crc: int) -> bytes:
+    """The header of a buffer of ``num_tokens`` tokens in ``layout``: ``nbytes`` of payload, checksum ``crc``."""
+    return _HEADER.pack(MAGIC, VERSION, _DTYPE_CODES[layout.dtype], layout.num_layers, layout.num_kv_heads,
+                        layout.head_dim, num_tokens, nbytes, crc)
+
+
 @dataclass(frozen=True)
 class KVBuffer:
     """``num_tokens`` tokens of KV in ``layout``; ``payload`` is read-only, token-major."""
@@ -72,9 +78,7 @@ class KVBuffer:
                                    f"payload {checksum(self.payload):#010x})")
 
     def header(self) -> bytes:
-        lay = self.layout
-        return _HEADER.pack(MAGIC, VERSION, _DTYPE_CODES[lay.dtype], lay.num_layers, lay.num_kv_heads,
-                            lay.head_dim, self.num_tokens, self.nbytes, self.checksum)
+        return pack_header(self.layout, self.num_tokens, self.nbytes, self.checksum)
 
     def to_bytes(self) -> bytes:
         return self.header() + self.payload

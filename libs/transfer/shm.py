@@ -12,14 +12,24 @@ Equal ids: the same kernel and the same /dev/shm.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import re
 import socket
 import uuid
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
-from .buffer import HEADER_BYTES, KVBuffer
-from .errors import SizeMismatch, TransferError
+import torch
+
+from libs.kernels import KVPool
+
+from .buffer import HEADER_BYTES, KVBuffer, checksum, pack_header
+from .errors import SizeMismatch, SlotError, TransferError
+from .layout import KVLayout
+from .tokens import gather_tokens
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "radixmesh-kv-"
@@ -64,50 +74,78 @@ def valid_name(name: str) -> bool:
     return bool(_NAME.fullmatch(name)) and name not in (".", "..")
 
 
-def write(name: str, buffer: KVBuffer, shm_dir: Path = SHM_DIR) -> int:
-    """Write ``buffer`` sealed (header + payload, the payload not copied in memory) into
-    a new file ``name``; returns the bytes written. A failure leaves no file behind."""
+def export(name: str, pool: KVPool, slots: torch.Tensor, shm_dir: Path = SHM_DIR) -> int:
+    """Gather ``slots`` of ``pool`` straight into a new file ``name``, sealed (no copy in
+    between); returns its bytes. A failure leaves no file behind."""
+    layout = KVLayout.of_pool(pool)
+    index = torch.as_tensor(slots, dtype=torch.int64).reshape(-1).to(pool.device)
+    if len(index) and (int(index.min()) < 0 or int(index.max()) >= pool.num_slots):
+        raise SlotError(f"slots out of range [0, {pool.num_slots})")
+    n = len(index)
+    size = HEADER_BYTES + n * layout.token_bytes
+    with _created(name, size, shm_dir) as mm:
+        if n:
+            _gather_into(pool, index, mm, layout)
+        with memoryview(mm) as view:
+            crc = checksum(view[HEADER_BYTES:])
+        mm[:HEADER_BYTES] = pack_header(layout, n, size - HEADER_BYTES, crc)
+    return size
+
+
+def _gather_into(pool: KVPool, index: torch.Tensor, mm: mmap.mmap, layout: KVLayout) -> None:
+    with warnings.catch_warnings():  # NOTE: torch warns that the mapping is not resizable; it is written only here
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.frombuffer(mm, dtype=torch.uint8, offset=HEADER_BYTES)
+    gather_tokens(pool, index, raw.view(layout.torch_dtype).view(len(index), *layout.token_shape))
+    del raw  # NOTE: releases the mapping's buffer before it is closed
+
+
+@contextlib.contextmanager
+def _created(name: str, size: int, shm_dir: Path) -> Iterator[mmap.mmap]:
     path = _path(name, shm_dir)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "wb", buffering=0) as f:
-            f.write(buffer.header())
-            _write_all(f, buffer.payload)
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mm:
+            yield mm
     except BaseException:
         remove(name, shm_dir)
         raise
-    return HEADER_BYTES + buffer.nbytes
+    finally:
+        os.close(fd)
 
 
-def _write_all(f, view: memoryview) -> None:
-    done = 0
-    while done < len(view):
-        done += f.write(view[done:])
+def write(name: str, buffer: KVBuffer, shm_dir: Path = SHM_DIR) -> int:
+    """Write ``buffer`` sealed (header + payload) into a new file ``name``; returns its bytes.
+    A failure leaves no file behind."""
+    size = HEADER_BYTES + buffer.nbytes
+    with _created(name, size, shm_dir) as mm:
+        mm[:HEADER_BYTES] = buffer.header()
+        mm[HEADER_BYTES:] = buffer.payload
+    return size
 
 
-def read(name: str, nbytes: int, shm_dir: Path = SHM_DIR) -> bytearray:
-    """The ``nbytes`` of file ``name``, which is removed whatever happens; raises
-    ShmUnavailable (missing, unreadable) or SizeMismatch (not ``nbytes`` long)."""
+def open_buffer(name: str, nbytes: int, shm_dir: Path = SHM_DIR) -> KVBuffer:
+    """The buffer in file ``name`` of ``nbytes``, mapped (no copy; the memory lives as long
+    as the buffer), the file removed whatever happens; its checksum is checked by
+    :meth:`KVBuffer.verify`. Raises ShmUnavailable (missing, unreadable) or a TransferError."""
     path = _path(name, shm_dir)
     try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size != nbytes:
-                raise SizeMismatch(f"shared-memory file holds {size} bytes, {nbytes} announced")
-            data = bytearray(nbytes)
-            got = f.readinto(data)
-            while got < nbytes:
-                step = f.readinto(memoryview(data)[got:])
-                if not step:
-                    raise SizeMismatch(f"shared-memory file ended after {got} of {nbytes} bytes")
-                got += step
-            return data
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         raise ShmUnavailable(f"no shared-memory file {name} (not on this host's /dev/shm?)") from None
     except PermissionError as exc:
         raise ShmUnavailable(f"shared-memory file {name}: {exc.strerror}") from None
     finally:
         remove(name, shm_dir)
+    try:
+        size = os.fstat(fd).st_size
+        if size != nbytes or size < HEADER_BYTES:
+            raise SizeMismatch(f"shared-memory file holds {size} bytes, {nbytes} announced")
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    return KVBuffer.from_bytes(mm)
 
 
 def remove(name: str, shm_dir: Path = SHM_DIR) -> None:

@@ -7,11 +7,16 @@ import torch
 from libs.kernels import KVPool
 
 
-def gather_tokens(pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
-    """K/V of ``slots`` ([T] int64 on the pool's device) as a new contiguous tensor
-    [T, 2, layers, kv_heads, head_dim] on the pool's device."""
+def gather_tokens(pool: KVPool, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """K/V of ``slots`` ([T] int64 on the pool's device) as a contiguous tensor
+    [T, 2, layers, kv_heads, head_dim]: a new one on the pool's device, or ``out`` (contiguous,
+    of that shape and the pool's dtype; written in place on the pool's device, else copied into)."""
     n, width = len(slots), pool.num_kv_heads * pool.head_dim
-    out = torch.empty((n, 2, pool.num_layers, width), dtype=pool.dtype, device=pool.device)
+    if out is not None and out.device != pool.k[0].device:
+        out.copy_(gather_tokens(pool, slots))
+        return out
+    out = out.view(n, 2, pool.num_layers, width) if out is not None else \
+        torch.empty((n, 2, pool.num_layers, width), dtype=pool.dtype, device=pool.device)
     # NOTE: 2-D [slots, heads * dim] views: torch's row-copy fast path (~20x the 3-D one on CPU)
     for layer in range(pool.num_layers):
         torch.index_select(pool.k[layer].view(-1, width), 0, slots, out=out[:, 0, layer])

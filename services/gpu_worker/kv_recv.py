@@ -120,8 +120,8 @@ class KVReceiver:
                 shm.remove(msg.name)
             return _failed(refusal)
         try:
-            data = await asyncio.to_thread(shm.read, msg.name, msg.nbytes)
-            return await self._stage(tid, lambda: KVBuffer.from_bytes(data), "shm")
+            buffer = await asyncio.to_thread(shm.open_buffer, msg.name, msg.nbytes)  # mapped, not copied
+            return await self._stage(tid, lambda: buffer, "shm")
         except shm.ShmUnavailable as exc:  # NOTE: not remembered: the sender may fall back to chunks
             return _failed(f"{SHM_UNAVAILABLE}: {exc}")
         except TransferError as exc:

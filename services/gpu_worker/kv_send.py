@@ -94,16 +94,14 @@ class KVSender:
 
     async def _send(self, msg: KVSend) -> KVSendReply:
         self._check(msg)
-        buffer = await asyncio.to_thread(self._export, msg.slots)
-        path = self.path_for(msg.dest_host)
-        if path == "shm":
+        if self.path_for(msg.dest_host) == "shm":
             try:
-                return await self._push_shm(msg, buffer)
+                return await self._push_shm(msg)
             except _Failed as exc:
                 if self.config.mode != "auto" or reason_of(exc.error) != SHM_UNAVAILABLE:
                     raise
                 log.info("transfer %s: %s; sending chunks instead", msg.transfer_id, exc.error)
-        return await self._push_nats(msg, buffer)
+        return await self._push_nats(msg, await asyncio.to_thread(self._export, msg.slots))
 
     def _check(self, msg: KVSend) -> None:
         size = self.worker.runner.kv.num_slots
@@ -120,15 +118,19 @@ class KVSender:
 
     # -- paths ------------------------------------------------------------------
 
-    async def _push_shm(self, msg: KVSend, buffer: KVBuffer) -> KVSendReply:
+    async def _push_shm(self, msg: KVSend) -> KVSendReply:
+        """Gather straight into the shared-memory file (in a thread), then hand it over."""
         name = shm.new_name(self.worker.worker_id)
-        writing = asyncio.ensure_future(asyncio.to_thread(shm.write, name, buffer))
+        slots = torch.tensor(msg.slots, dtype=torch.int64)
+        writing = asyncio.ensure_future(asyncio.to_thread(shm.export, name, self.worker.runner.kv, slots))
         try:
             nbytes = await asyncio.shield(writing)
             ready = KVShmReady(transfer_id=msg.transfer_id, name=name, nbytes=nbytes)
             ack = await self._request(self.worker.subjects.worker_kv_shm(msg.dest_worker), ready)
         except OSError as exc:
             raise _Failed(f"{SHM_UNAVAILABLE}: cannot write {name}: {exc.strerror}") from None
+        except TransferError as exc:
+            raise _Failed(f"{REFUSED}: {exc}") from None
         finally:
             _remove_when_written(writing, name)
         _require(ack, last=True)
