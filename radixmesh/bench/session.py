@@ -73,7 +73,7 @@ def _run_system(plan: SystemPlan, args, workload: Workload, tok: ChatTokenizer, 
                      client=ClientConfig(args.api, "", args.temperature, args.ignore_eos,
                                          args.seed), progress=bar)
         if plan.kind == "url":
-            return RunResult(*asyncio.run(bench_http(args.url, plan.name, **bench)))
+            return asyncio.run(bench_http(args.url, plan.name, **bench))
         stack = dict(model=args.model, workers=args.workers, dtype=args.dtype,
                      kv_slots=args.kv_slots, threads_per_worker=args.threads)
         return run_stack(plan, stack, out_dir / "logs" / plan.name, args.startup_timeout,

@@ -18,11 +18,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Awaitable, Callable, NamedTuple
 
 import httpx
 
@@ -31,7 +32,7 @@ from .client import ClientConfig, StreamClient
 from .record import Record
 from .runner import Load, Progress, run_workload
 from .tokens import ChatTokenizer
-from .transfers import Transfers, collect
+from .transfers import Transfers, read_counters
 from .workload import Workload
 from .workloads import RandomParams, build_random
 
@@ -150,11 +151,16 @@ async def served_model(http: httpx.AsyncClient) -> str:
     return resp.json()["data"][0]["id"]
 
 
+Counters = Callable[[], Awaitable[Transfers | None]]
+
+
 async def bench_http(url: str, system: str, workload: Workload, tok: ChatTokenizer,
                      client: ClientConfig, load: Load, warmup: int, timeout_s: float,
-                     progress: Progress | None = None) -> tuple[list[Record], float, float]:
+                     progress: Progress | None = None, counters: Counters | None = None
+                     ) -> RunResult:
     """Warm up, then run ``workload`` against the gateway at ``url``; returns the
-    records, the duration and the workers' idle fraction meanwhile (NaN: unknown)."""
+    records, the duration, the workers' idle fraction meanwhile (NaN: unknown) and,
+    given ``counters``, the KV transfers meanwhile."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as http:
         if client.api == "chat" and not client.model:
@@ -165,9 +171,12 @@ async def bench_http(url: str, system: str, workload: Workload, tok: ChatTokeniz
         async def send(spec, messages, record, index):
             await stream.send(messages, spec.max_tokens, record, index)
 
+        moved = counters and await counters()
         before = await worker_time.scrape(http)
         records, duration = await run_workload(workload, system, send, load, progress)
-        return records, duration, worker_time.idle_fraction(before, await worker_time.scrape(http))
+        idle = worker_time.idle_fraction(before, await worker_time.scrape(http))
+        after = counters and await counters()
+        return RunResult(records, duration, idle, after.since(moved) if moved and after else None)
 
 
 async def _warm_up(stream: StreamClient, tok: ChatTokenizer, count: int, seed: int) -> None:
@@ -199,17 +208,9 @@ def run_stack(plan: SystemPlan, stack_kwargs: dict, log_dir: Path, startup_timeo
     stack = LocalStack(config, progress=lambda msg: None)
     try:
         stack.start(timeout=startup_timeout)
-        result = RunResult(*asyncio.run(bench_http(stack.url, plan.name, **bench_kwargs)))
-        return result._replace(transfers=_transfers(stack.nats_url, config.subject_prefix))
+        counters = functools.partial(read_counters, stack.nats_url, config.subject_prefix)
+        return asyncio.run(bench_http(stack.url, plan.name, counters=counters, **bench_kwargs))
     except StackError as exc:
         raise BenchError(f"{plan.name}: {exc}") from None
     finally:
         stack.stop()
-
-
-def _transfers(nats_url: str, subject_prefix: str) -> Transfers | None:
-    try:
-        return asyncio.run(asyncio.wait_for(collect(nats_url, subject_prefix), 30))
-    except Exception as exc:  # NOTE: the run's records stand without the counters
-        print(f"note: KV transfer counters unavailable: {exc!r}", file=sys.stderr)
-        return None

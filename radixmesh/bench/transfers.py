@@ -4,13 +4,14 @@ Each scheduler counts, per worker (``SchedStats``), the transfers its decode sid
 received whole (their bytes, and the seconds from asking the prefill side to the
 KV being ready: the peer's queueing and prefill included), the ones its prefill
 side sent, and the failures by reason (the decode side then prefilled itself).
-A bench-started stack is fresh, so the totals at the end are the run's (the
-warm-up requests included).
+Read after the warm-up and after the run, the difference is the run's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -44,6 +45,13 @@ class Transfers:
     def failed(self) -> int:
         return sum(self.failures.values())
 
+    def since(self, before: "Transfers") -> "Transfers":
+        """What happened between the reading ``before`` and this one."""
+        failures = {k: n - before.failures.get(k, 0) for k, n in self.failures.items()}
+        return Transfers(self.received - before.received, self.sent - before.sent,
+                         self.nbytes - before.nbytes, self.seconds - before.seconds,
+                         {k: n for k, n in failures.items() if n})
+
 
 async def collect(nats_url: str, subject_prefix: str) -> Transfers:
     """The totals over every worker the stack's cache index knows."""
@@ -56,6 +64,16 @@ async def collect(nats_url: str, subject_prefix: str) -> Transfers:
     finally:
         await bus.close()
     return Transfers.total(stats)
+
+
+async def read_counters(nats_url: str, subject_prefix: str,
+                        timeout_s: float = 30.0) -> Transfers | None:
+    """:func:`collect`, or None (said on stderr) when the stack does not answer."""
+    try:
+        return await asyncio.wait_for(collect(nats_url, subject_prefix), timeout_s)
+    except Exception as exc:  # NOTE: the run's records stand without the counters
+        print(f"note: KV transfer counters unavailable: {exc!r}", file=sys.stderr)
+        return None
 
 
 def _row(system: str, layout: str, t: Transfers | None) -> str:

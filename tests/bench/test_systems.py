@@ -40,14 +40,18 @@ def test_run_stack_starts_the_pd_layout_and_reads_its_transfers(monkeypatch, tmp
         def stop(self):
             pass
 
-    async def fake_bench(url, system, **kw):
-        return [], 1.5, 0.0
+    async def fake_bench(url, system, counters, **kw):
+        return RunResult([], 1.5, 0.0, await counters())
+
+    async def fake_counters(nats_url, prefix):
+        return Transfers(sent=4) if (nats_url, prefix) == (FakeStack.nats_url, "tpd") else None
 
     monkeypatch.setattr(launcher, "LocalStack", FakeStack)
     monkeypatch.setattr(systems, "bench_http", fake_bench)
-    monkeypatch.setattr(systems, "_transfers", lambda url, prefix: Transfers(sent=4))
+    monkeypatch.setattr(systems, "read_counters", fake_counters)
     [pd] = plan_systems(["radixmesh-pd"], url=None, workers=2).systems
-    stack = dict(model="default", workers=2, dtype="float32", kv_slots=1024, threads_per_worker=1)
+    stack = dict(model="default", workers=2, dtype="float32", kv_slots=1024, threads_per_worker=1,
+                 subject_prefix="tpd")
     result = run_stack(pd, stack, tmp_path, 10.0)
     [cfg] = configs
     assert (cfg.workers, cfg.prefill_workers, cfg.decode_workers, cfg.threads_per_worker) == (0, 1, 1, 1)

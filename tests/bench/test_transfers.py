@@ -31,3 +31,9 @@ def test_table_rows_per_system_with_means_and_reasons():
     assert lines[2] == "| radixmesh | 2 colocated | 0/0 | 0.0 | - | - | 0 |"
     assert lines[3] == "| radixmesh-pd | 1 prefill + 1 decode | 2/2 | 70.0 | 35.0 | 250 | 1 (deadline: 1) |"
     assert lines[4] == "| radixmesh-x | 2 colocated | - | - | - | - | - |"
+
+
+def test_the_difference_of_two_readings_is_what_happened_between():
+    before = Transfers(1, 1, 10, 0.5, {"deadline": 1, "checksum": 2})
+    after = Transfers(4, 5, 40, 2.0, {"deadline": 3, "checksum": 2})
+    assert after.since(before) == Transfers(3, 4, 30, 1.5, {"deadline": 2})
