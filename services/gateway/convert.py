@@ -125,8 +125,6 @@ def generate_request(body: GenerateRequest) -> GenerationRequest:
 
 
 def _sampling(body: OpenAIRequestBase) -> GenerationRequest:
-    if body.n is not None and body.n != 1:
-        raise bad_request("n must be 1: several choices per request are not supported", "n")
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     return GenerationRequest(

@@ -51,13 +51,11 @@ class OpenAIFormat:
         return self.batch_response([done], [req])
 
     def batch_response(self, dones: Sequence[Completion],
-                       reqs: Sequence["GenerationRequest | None"]) -> dict:
-        """One body for several prompts: choice i answers prompt i; usage is summed."""
+                       reqs: Sequence["GenerationRequest | None"], n: int = 1) -> dict:
+        """One body for several prompts, ``n`` choices each (choice i answers prompt
+        i // n); usage counts each prompt once and sums the completions."""
         choices = [self._choice(i, d, r) for i, (d, r) in enumerate(zip(dones, reqs))]
-        usage = Usage(prompt_tokens=sum(d.usage.prompt_tokens for d in dones),
-                      completion_tokens=sum(d.usage.completion_tokens for d in dones),
-                      cached_tokens=sum(d.usage.cached_tokens for d in dones),
-                      cached_host_tokens=sum(d.usage.cached_host_tokens for d in dones))
+        usage = choices_usage([d.usage for d in dones], n)
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices,
                 "usage": usage_body(usage)}
@@ -84,14 +82,16 @@ class OpenAIFormat:
         body = legacy_logprobs(lp, skip, req.top_logprobs_num > 0) if shown else None
         return {"index": index, "text": text, "logprobs": body, "finish_reason": done.finish_reason}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False) -> dict:
-        """One streamed chunk; ``text`` None gives an empty delta (the finish chunk)."""
+    def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
+              index: int = 0) -> dict:
+        """One streamed chunk of choice ``index``; ``text`` None gives an empty delta
+        (the finish chunk)."""
         if self.chat:
             delta: dict = {"role": "assistant", "content": text or ""} if role else (
                 {} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice]}
         if self.include_usage:
@@ -102,6 +102,16 @@ class OpenAIFormat:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [],
                 "usage": usage_body(usage)}
+
+
+def choices_usage(usages: Sequence[Usage], n: int = 1) -> Usage:
+    """Usage of ``n`` choices per prompt (in order): each prompt counted once (with its
+    first choice's cached tokens), completions summed, as OpenAI counts them."""
+    firsts = usages[::n]
+    return Usage(prompt_tokens=sum(u.prompt_tokens for u in firsts),
+                 completion_tokens=sum(u.completion_tokens for u in usages),
+                 cached_tokens=sum(u.cached_tokens for u in firsts),
+                 cached_host_tokens=sum(u.cached_host_tokens for u in firsts))
 
 
 def native_body(rid: str, text: str, output_ids: list[int], finish_reason: str | None,

@@ -186,9 +186,11 @@ class Pipeline:
         return gen
 
     def abort(self, rid: str) -> bool:
-        """Stop the open request with public id ``rid`` on its scheduler (as a client
-        disconnect does; its output ends with finish_reason ``abort``). False: none open."""
-        gens = [gen for gen in self._live if gen.rid == rid and not gen.finished]
+        """Stop the open request with public id ``rid`` (and its choices, ``rid/<i>``)
+        on its scheduler, as a client disconnect does: its output ends with
+        finish_reason ``abort``. False: none open."""
+        gens = [gen for gen in self._live if not gen.finished
+                and (gen.rid == rid or gen.rid.startswith(rid + "/"))]
         for gen in gens:
             self._publish_later(self.subjects.sched_abort(gen.worker_id), AbortRequest(rid=gen.bus_rid))
         return bool(gens)

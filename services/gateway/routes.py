@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import uuid
@@ -19,6 +18,7 @@ from . import convert
 from .auth import Keyring, request_tenant, tenant_salt
 from .errors import ApiError, bad_request, from_validation
 from .formats import OpenAIFormat, delta_usage, native_body
+from .choices import choice_requests, close_all, collect_all, merged_events, open_choices
 from .generation import Completion, Generation
 from .limits import NO_DEADLINE, Deadline, Limits
 from .pipeline import GenerationRequest
@@ -135,7 +135,7 @@ class GenerationRoutes:
             req.max_new_tokens = self.limits.cap_max_tokens(body.max_tokens, "max_tokens",
                                                             req.max_new_tokens)
         if len(reqs) > 1:
-            return await self._openai_batch(request, body, reqs)
+            return await self._openai_choices(request, body, reqs, body.n or 1, chat=False)
         return await self._openai(request, body, reqs[0], chat=False)
 
     async def generate(self, request: Request) -> Response:
@@ -160,6 +160,8 @@ class GenerationRoutes:
         return json_response(body, worker=done.worker)
 
     async def _openai(self, request: Request, body, req: GenerationRequest, chat: bool) -> Response:
+        if (body.n or 1) > 1:
+            return await self._openai_choices(request, body, [req], body.n, chat)
         model = self.settings.served_model_name
         deadline = self._prepare(request, req, body.timeout)
         if body.stream:
@@ -170,26 +172,31 @@ class GenerationRoutes:
         done = await run_until_disconnect(request.receive, deadline.run(self._complete(req)))
         return json_response(OpenAIFormat(done.rid, model, chat).response(done, req), worker=done.worker)
 
-    async def _openai_batch(self, request: Request, body, reqs: list[GenerationRequest]) -> Response:
-        """Several prompts (non-stream): concurrent generations, choice i for prompt i."""
-        deadlines = [self._prepare(request, req, body.timeout) for req in reqs]
+    async def _openai_choices(self, request: Request, body, prompts: list[GenerationRequest],
+                              n: int, chat: bool) -> Response:
+        """Several prompts (non-stream) and/or ``n`` choices each: choice i answers
+        prompt i // n (see :mod:`.choices`)."""
+        reqs = [choice for req in prompts for choice in choice_requests(req, n)]
+        deadline = [self._prepare(request, req, body.timeout) for req in reqs][0]
         base = tracing.request_id.get() or uuid.uuid4().hex
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        fmt = OpenAIFormat(base, self.settings.served_model_name, chat, include_usage)
 
-        async def one(i: int, req: GenerationRequest) -> Completion:
-            tracing.request_id.set(f"{base}-{i}")  # NOTE: task-local: one bus rid per prompt
-            return await self._complete(req)
-
-        async def complete_all() -> list[Completion]:
+        async def submit(req: GenerationRequest) -> Generation:
+            gen = await self.pipeline.submit(req)
             try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(one(i, req)) for i, req in enumerate(reqs)]
-            except BaseExceptionGroup as failed:  # the first failure, the others cancelled
-                raise failed.exceptions[0] from None
-            return [t.result() for t in tasks]
+                self.limits.check_prompt(gen.prompt_tokens)
+            except ApiError:
+                gen.close()
+                raise
+            return gen
 
-        dones = await run_until_disconnect(request.receive, deadlines[0].run(complete_all()))
-        fmt = OpenAIFormat(base, self.settings.served_model_name, chat=False)
-        return json_response(fmt.batch_response(dones, reqs))
+        gens = await run_until_disconnect(request.receive, deadline.run(open_choices(submit, reqs, n, base)))
+        if body.stream:
+            return SSEResponse(merged_events(gens, fmt, deadline), on_close=lambda: close_all(gens),
+                               headers={WORKER_HEADER: gens[0].worker_id})
+        dones = await run_until_disconnect(request.receive, deadline.run(collect_all(gens)))
+        return json_response(fmt.batch_response(dones, reqs, n), worker=dones[0].worker)
 
     def _prepare(self, request: Request, req: GenerationRequest, timeout: float | None) -> Deadline:
         """Apply what the gateway adds to every request: tenant namespace, limits."""

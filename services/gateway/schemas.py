@@ -14,6 +14,7 @@ from msgspec import Meta, Struct
 from libs.protocol.limits import MAX_TOP_LOGPROBS
 
 MAX_STOP = 16
+MAX_CHOICES = 16  # n: choices of one request
 
 INT32_MAX = (1 << 31) - 1  # NOTE: every int reaches the bus: bounded so it always encodes
 PositiveInt = Annotated[int, Meta(ge=1, le=INT32_MAX)]
@@ -85,7 +86,7 @@ class OpenAIRequestBase(_Body, kw_only=True):
     stop: Stop | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
     user: str | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
