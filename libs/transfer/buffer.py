@@ -60,6 +60,11 @@ class KVBuffer:
     def nbytes(self) -> int:
         return len(self.payload)
 
+    def note_checksum(self, crc: int) -> None:
+        """Record the payload's CRC-32 computed elsewhere (from its chunks' CRCs, each checked
+        against its bytes: libs.transfer.crc): :attr:`intact` compares it, reading nothing."""
+        self.__dict__["intact"] = crc == self.checksum  # NOTE: the cached_property's slot
+
     @cached_property
     def intact(self) -> bool:
         """Whether the payload still has its checksum (computed once: the payload is read-only)."""

@@ -8,6 +8,8 @@ chunk's place and length from its own header fields::
 
 The wire bytes are the buffer's header followed by its payload (:meth:`KVBuffer.to_bytes`);
 chunks are views of the payload, never a copy of the whole (only chunk 0 joins the header).
+Each byte is checksummed once per side: the payload's CRC (the header's) is combined from
+the chunks' CRCs (libs.transfer.crc) on both ends, never computed in another pass.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .buffer import HEADER_BYTES, KVBuffer
+from .buffer import HEADER_BYTES, KVBuffer, pack_header
+from .crc import crc32_combine, crc32_tail
 from .errors import ChecksumMismatch, SizeMismatch
+from .layout import KVLayout
 
 
 def chunk_count(total: int, max_chunk: int) -> int:
@@ -43,23 +47,31 @@ class Chunk:
     data: bytes | memoryview
 
 
-def iter_chunks(buffer: KVBuffer, max_chunk: int) -> Iterator[Chunk]:
-    """``buffer``'s wire bytes (header + payload) as chunks of at most ``max_chunk`` bytes,
-    each CRC computed when it is taken (so checksumming overlaps sending)."""
-    header, payload = buffer.header(), buffer.payload
-    total = HEADER_BYTES + buffer.nbytes
+def iter_chunks(layout: KVLayout, num_tokens: int, payload: memoryview, max_chunk: int) -> Iterator[Chunk]:
+    """The wire bytes (header + payload) of ``num_tokens`` tokens in ``layout`` as chunks of
+    at most ``max_chunk`` bytes. Every byte is checksummed once, when its chunk is taken (so
+    checksumming overlaps sending): the payload's CRC in the header follows from the chunks'
+    CRCs, so chunk 0 (the header's) comes last."""
+    total = HEADER_BYTES + len(payload)
     count = chunk_count(total, max_chunk)
-    for i in range(count):
+    size = -(-total // count)
+    if size < HEADER_BYTES:
+        raise ValueError(f"chunks of {size} bytes cannot hold the {HEADER_BYTES}-byte header")
+    head = payload[: size - HEADER_BYTES]
+    crc = zlib.crc32(head)
+    for i in range(1, count):
         start, stop = chunk_span(i, count, total)
-        data = _wire_slice(header, payload, start, stop)
-        yield Chunk(i, count, total, zlib.crc32(data), data)
+        data = payload[start - HEADER_BYTES: stop - HEADER_BYTES]
+        chunk_crc = zlib.crc32(data)
+        crc = crc32_combine(crc, chunk_crc, len(data))
+        yield Chunk(i, count, total, chunk_crc, data)
+    header = pack_header(layout, num_tokens, len(payload), crc)
+    yield Chunk(0, count, total, crc32_combine(zlib.crc32(header), zlib.crc32(head), len(head)), header + head)
 
 
-def _wire_slice(header: bytes, payload: memoryview, start: int, stop: int) -> bytes | memoryview:
-    h = len(header)
-    if start >= h:
-        return payload[start - h: stop - h]
-    return header[start:min(stop, h)] + payload[: max(0, stop - h)]
+def chunks_of(buffer: KVBuffer, max_chunk: int) -> Iterator[Chunk]:
+    """A sealed buffer's chunks (its checksum recomputed from the chunks: the same when intact)."""
+    return iter_chunks(buffer.layout, buffer.num_tokens, buffer.payload, max_chunk)
 
 
 class Assembly:
@@ -75,8 +87,11 @@ class Assembly:
             raise SizeMismatch(f"{count} chunks of {total_bytes} bytes cannot hold a KV buffer")
         self.count = count
         self.total_bytes = total_bytes
+        if -(-total_bytes // count) < HEADER_BYTES:
+            raise SizeMismatch(f"chunks of {total_bytes // count} bytes cannot hold the {HEADER_BYTES}-byte header")
         self.data = bytearray(total_bytes)
         self._have = bytearray(count)  # 1 per chunk received
+        self._crcs = [0] * count
         self.received = 0
 
     @property
@@ -99,10 +114,25 @@ class Assembly:
             return False
         self.data[start:stop] = data
         self._have[index] = 1
+        self._crcs[index] = crc
         self.received += 1
         return self.complete
 
     def buffer(self) -> KVBuffer:
+        """The whole buffer (no copy), its payload's CRC known from the chunks' (checked) CRCs:
+        ``verify`` compares it with the header's without reading the payload again."""
         if not self.complete:
             raise SizeMismatch(f"transfer incomplete: {self.received} of {self.count} chunks")
-        return KVBuffer.from_bytes(self.data)
+        buffer = KVBuffer.from_bytes(self.data)
+        buffer.note_checksum(self._payload_crc())
+        return buffer
+
+    def _payload_crc(self) -> int:
+        total, count = self.total_bytes, self.count
+        _, stop = chunk_span(0, count, total)
+        header = zlib.crc32(memoryview(self.data)[:HEADER_BYTES])
+        crc = crc32_tail(self._crcs[0], header, stop - HEADER_BYTES)
+        for i in range(1, count):
+            start, stop = chunk_span(i, count, total)
+            crc = crc32_combine(crc, self._crcs[i], stop - start)
+        return crc

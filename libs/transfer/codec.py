@@ -16,9 +16,16 @@ from .tokens import gather_tokens, scatter_tokens
 
 def export_slots(pool: KVPool, slots: torch.Tensor) -> KVBuffer:
     """The K/V of ``slots`` ([T] int64, any device) as a sealed, host-resident buffer."""
+    layout, payload = export_payload(pool, slots)
+    return KVBuffer.seal(layout, len(slots), payload)
+
+
+def export_payload(pool: KVPool, slots: torch.Tensor) -> tuple[KVLayout, memoryview]:
+    """The K/V of ``slots`` as host bytes in token-major order, not checksummed (a data path
+    that checksums as it sends: libs.transfer.chunks.iter_chunks)."""
     layout = KVLayout.of_pool(pool)
     data = gather_tokens(pool, _index(slots, pool)).cpu()
-    return KVBuffer.seal(layout, len(slots), _bytes_view(data))
+    return layout, _bytes_view(data).toreadonly()
 
 
 def import_slots(pool: KVPool, slots: torch.Tensor, buffer: KVBuffer) -> None:

@@ -25,8 +25,9 @@ from libs.protocol.bus import Bus
 from libs.protocol.errors import ServiceError
 from libs.protocol.messages import KVChunk, KVChunkAck, KVDrop, KVSend, KVSendReply, KVShmReady
 from libs.protocol.subjects import check_token
-from libs.transfer import HEADER_BYTES, KVBuffer, TransferError, export_slots, shm
+from libs.transfer import HEADER_BYTES, KVLayout, TransferError, shm
 from libs.transfer.chunks import Chunk, chunk_count, iter_chunks
+from libs.transfer.codec import export_payload
 
 from .kv_transfer import (
     NO_ROUTE, REFUSED, SHM_UNAVAILABLE, TIMEOUT, TRANSFER_BYTES, TRANSFER_FAILURES, TRANSFER_SECONDS,
@@ -101,18 +102,20 @@ class KVSender:
                 if self.config.mode != "auto" or reason_of(exc.error) != SHM_UNAVAILABLE:
                     raise
                 log.info("transfer %s: %s; sending chunks instead", msg.transfer_id, exc.error)
-        return await self._push_nats(msg, await asyncio.to_thread(self._export, msg.slots))
+        layout, payload = await asyncio.to_thread(self._export, msg.slots)
+        return await self._push_nats(msg, layout, payload)
 
     def _check(self, msg: KVSend) -> None:
         size = self.worker.runner.kv.num_slots
-        if not _valid_token(msg.dest_worker) or not _valid_token(msg.transfer_id):
-            raise _Failed(f"{REFUSED}: dest_worker and transfer_id must be subject tokens")
+        if not _valid_token(msg.dest_worker) or not 0 < len(msg.transfer_id) <= 256:
+            raise _Failed(f"{REFUSED}: dest_worker must be a subject token, transfer_id 1-256 characters")
         if msg.slots and (min(msg.slots) < 0 or max(msg.slots) >= size):
             raise _Failed(f"{REFUSED}: slot out of range [0, {size})")
 
-    def _export(self, slots: list[int]) -> KVBuffer:
+    def _export(self, slots: list[int]) -> tuple[KVLayout, memoryview]:
+        """The slots' bytes, not checksummed yet: each chunk's CRC is computed as it is sent."""
         try:
-            return export_slots(self.worker.runner.kv, torch.tensor(slots, dtype=torch.int64))
+            return export_payload(self.worker.runner.kv, torch.tensor(slots, dtype=torch.int64))
         except TransferError as exc:
             raise _Failed(f"{REFUSED}: {exc}") from None
 
@@ -136,11 +139,11 @@ class KVSender:
         _require(ack, last=True)
         return KVSendReply(ok=True, nbytes=nbytes, path="shm", chunks=1)
 
-    async def _push_nats(self, msg: KVSend, buffer: KVBuffer) -> KVSendReply:
+    async def _push_nats(self, msg: KVSend, layout: KVLayout, payload: memoryview) -> KVSendReply:
         limit = chunk_limit(self.config, self._bus.nc.max_payload)
-        total = HEADER_BYTES + buffer.nbytes
+        total = HEADER_BYTES + len(payload)
         count = chunk_count(total, limit)
-        chunks = iter_chunks(buffer, limit)
+        chunks = iter_chunks(layout, len(payload) // layout.token_bytes, payload, limit)
         subject = self.worker.subjects.worker_kv_recv(msg.dest_worker)
         staged: list[bool] = []
         try:

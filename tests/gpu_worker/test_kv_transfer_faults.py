@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from libs.kernels import KVPool
 from libs.protocol.messages import KVChunk, KVChunkAck, KVDrop, KVShmReady, staging_id
 from libs.transfer import HEADER_BYTES, export_slots, shm
-from libs.transfer.chunks import iter_chunks
+from libs.transfer.chunks import chunks_of
 from services.gpu_worker.kv_transfer import KVTransferConfig
 
 from .kv_pair import Pair, prompt_ids
@@ -130,7 +130,7 @@ async def test_auto_falls_back_to_chunks_when_the_peer_cannot_read_the_file(nats
 
 def _chunks(tid: str, buffer, limit: int = 20_000) -> list[KVChunk]:
     return [KVChunk(transfer_id=tid, index=c.index, count=c.count, total_bytes=c.total_bytes, crc=c.crc,
-                    data=bytes(c.data)) for c in iter_chunks(buffer, limit)]
+                    data=bytes(c.data)) for c in chunks_of(buffer, limit)]
 
 
 async def _send_chunks(pair: Pair, chunks: list[KVChunk]) -> list[KVChunkAck]:
