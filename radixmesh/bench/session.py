@@ -154,13 +154,21 @@ def run_session(args: argparse.Namespace) -> int:
     classes: list[tuple[str, Summary]] = []
     transfers = []
     for system in plan.systems:
-        got = _run_system(system, args, workload, tok, model_dir, out_dir)
+        try:
+            got = _run_system(system, args, workload, tok, model_dir, out_dir)
+        except BenchError as exc:  # NOTE: the systems that ran keep their results
+            print(f"radixmesh bench: {exc}", file=sys.stderr)
+            meta["notes"].append(f"{system.name} did not run: {exc}")
+            meta.setdefault("not_run", []).append(system.name)
+            continue
         records += got.records
         summaries.append(summarize(system.name, got.records, got.duration_s,
                                    worker_idle=got.worker_idle))
         classes += summarize_by_kind(system.name, got.records, got.duration_s)
         if system.kind == "stack":
             transfers.append((system.name, system.layout(args.workers), got.transfers))
+    if not summaries:
+        raise BenchError("no system ran: " + "; ".join(meta["notes"]))
     meta["problems"] = problems = check(records)
     meta["transfers"] = {name: t and dataclasses.asdict(t) for name, _, t in transfers}
     extra = _extra_tables(plan, summaries, classes, transfers)
@@ -203,4 +211,4 @@ def _finish(args, out_dir: Path, meta: dict, summaries: list[Summary], records: 
     for problem in problems:
         print(f"inconsistent: {problem}", file=sys.stderr)
     print("wrote " + ", ".join(str(f) for f in files))
-    return 1 if problems or any(s.failed for s in summaries) else 0
+    return 1 if problems or meta.get("not_run") or any(s.failed for s in summaries) else 0

@@ -1,0 +1,46 @@
+"""run_session over fake systems: the per-class and transfer tables, a system that fails."""
+
+import argparse
+import json
+
+from radixmesh.bench import session
+from radixmesh.bench.cli import add_arguments
+from radixmesh.bench.record import Record
+from radixmesh.bench.systems import BenchError, RunResult
+from radixmesh.bench.transfers import Transfers
+
+
+def _args(tmp_path, systems: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(["--workload", "pd-mix", "--quick", "--workers", "2", "--threads", "1",
+                         "--systems", systems, "--no-plots", "--no-progress",
+                         "--output-dir", str(tmp_path)])
+
+
+def _fake_run(plan, args, workload, tok, model_dir, out_dir):
+    if plan.name == "radixmesh-no-overlap":
+        raise BenchError(f"{plan.name}: stack not healthy")
+    records = [Record(plan.name, s.id, s.kind, ttft_s=0.5, e2e_s=1.5, completion_tokens=5,
+                      itl_s=[0.25] * 4, prompt_tokens=10) for s in workload.requests]
+    moved = Transfers(len(records), len(records), 10**7, 1.0) if plan.stack else Transfers()
+    return RunResult(records, 2.0, 0.0, moved)
+
+
+def test_pd_run_writes_class_and_transfer_tables_and_survives_a_failed_system(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(session, "_run_system", _fake_run)
+    code = session.run_session(_args(tmp_path, "radixmesh,radixmesh-no-overlap,radixmesh-pd"))
+    assert code == 1  # one system did not run
+    [run_dir] = tmp_path.iterdir()
+    table = (run_dir / "table.md").read_text()
+    assert "| radixmesh-pd | stream | 2/0 |" in table and "| radixmesh | document | 2/0 |" in table
+    assert "| radixmesh-pd | 1 prefill + 1 decode | 4/4 | 10.0 | 2.5 | 250 | 0 |" in table
+    assert "stream TPOT p99 1.00x (goal <= 0.5x: not met)" in table
+    body = json.loads((run_dir / "results.json").read_text())
+    meta = body["meta"]
+    assert meta["not_run"] == ["radixmesh-no-overlap"]
+    assert meta["layouts"] == {"radixmesh": "2 colocated", "radixmesh-no-overlap": "2 colocated",
+                               "radixmesh-pd": "1 prefill + 1 decode"}
+    assert meta["transfers"]["radixmesh-pd"]["received"] == 4
+    assert [s["system"] for s in body["summaries"]] == ["radixmesh", "radixmesh-pd"]
