@@ -60,9 +60,27 @@ class Pong(Base, tag="pong.v1"):
 # -- tokenizer --------------------------------------------------------------
 
 
+class ToolCall(Base):
+    """A function call an assistant message made (OpenAI's ``tool_calls`` entry)."""
+
+    id: str
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolSpec(Base):
+    """A function the model may call: what the chat template renders."""
+
+    name: str
+    description: str = ""
+    parameters: str = "{}"  # its JSON schema, as text
+
+
 class ChatMessage(Base):
     role: str
     content: str
+    tool_calls: list[ToolCall] = []  # an assistant's calls
+    tool_call_id: str = ""  # a tool message: the call it answers
 
 
 class SamplingParams(Base):
@@ -112,6 +130,7 @@ class EncodeRequest(Base, tag="encode.v1"):
     max_new_tokens: int | None = None
     stop: list[str] = []
     skip_special_tokens: bool = True
+    tools: list[ToolSpec] = []  # messages: the functions the chat template offers the model
     # a resumed request: its detok stream starts primed with these output ids,
     # of whose text the first ``emitted_chars`` characters reached the client
     output_ids: list[int] = []

@@ -19,6 +19,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from libs.protocol import ServiceError, tracing
 
+from .chat_stream import ChoiceStream
 from .errors import ApiError
 from .formats import OpenAIFormat, choices_usage
 from .generation import Completion, Generation
@@ -90,8 +91,8 @@ async def collect_all(gens: list[Generation]) -> list[Completion]:
         close_all(gens)
 
 
-async def merged_events(gens: list[Generation], fmt: OpenAIFormat,
-                        deadline: Deadline) -> AsyncIterator[bytes]:
+async def merged_events(gens: list[Generation], fmt: OpenAIFormat, deadline: Deadline,
+                        tools: bool = False) -> AsyncIterator[bytes]:
     """One OpenAI stream of every choice: chunks carry the choice's ``index``, in the
     order their text arrives; usage (if asked) counts the prompt once."""
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
@@ -106,6 +107,7 @@ async def merged_events(gens: list[Generation], fmt: OpenAIFormat,
         queue.put_nowait((i, None))
 
     tasks = [asyncio.create_task(pump(i, gen)) for i, gen in enumerate(gens)]
+    streams = [ChoiceStream(fmt, i, tools) for i in range(len(gens))]
     try:
         if fmt.chat:
             for i in range(len(gens)):
@@ -118,10 +120,8 @@ async def merged_events(gens: list[Generation], fmt: OpenAIFormat,
             elif isinstance(item, (ServiceError, ApiError)):
                 failed = item
             else:
-                if item.text:
-                    yield sse_event(fmt.chunk(item.text, index=i))
-                if item.finish_reason is not None:
-                    yield sse_event(fmt.chunk(None, item.finish_reason, index=i))
+                for chunk in streams[i].chunks(item.text, item.finish_reason):
+                    yield sse_event(chunk)
         if failed is not None:
             error = ApiError.from_service(failed) if isinstance(failed, ServiceError) else failed
             yield sse_event(error.body())

@@ -12,6 +12,7 @@ from .schemas import (
     OpenAIRequestBase,
 )
 from .structured import native_format, output_regex
+from .tools import apply_tools, message_tool_fields
 
 
 def check_model(model: str, accepted: frozenset[str]) -> None:
@@ -37,6 +38,7 @@ def chat_request(body: ChatCompletionRequest) -> GenerationRequest:
         req.top_logprobs_num = body.top_logprobs or 0
     if body.max_completion_tokens is not None:
         req.max_new_tokens = body.max_completion_tokens
+    apply_tools(req, body)
     _controls(req, body)
     return req
 
@@ -175,4 +177,4 @@ def _chat_message(msg: Message, index: int) -> ChatMessage:
                 raise not_supported(f"messages[{index}].content", f" of type {part.type!r}")
             parts.append(part.text)
         content = "".join(parts)
-    return ChatMessage(role=role, content=content)
+    return ChatMessage(role=role, content=content, **message_tool_fields(msg, index))

@@ -11,6 +11,7 @@ from libs.protocol.messages import TextDelta, Usage
 
 from .generation import Completion
 from .logprobs import chat_logprobs, legacy_logprobs, native_logprobs
+from .tool_parser import parse_output
 
 if TYPE_CHECKING:
     from .pipeline import GenerationRequest
@@ -64,9 +65,9 @@ class OpenAIFormat:
         lp = getattr(done, "logprobs", None)
         shown = req is not None and req.show_logprobs and lp is not None
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": done.text},
-                    "logprobs": chat_logprobs(lp) if shown else None,
-                    "finish_reason": done.finish_reason}
+            message, finish = self._message(done, req)
+            return {"index": index, "message": message,
+                    "logprobs": chat_logprobs(lp) if shown else None, "finish_reason": finish}
         text, skip = done.text, 0
         if req is not None and req.echo:
             prompt = done.usage.prompt_tokens
@@ -82,13 +83,26 @@ class OpenAIFormat:
         body = legacy_logprobs(lp, skip, req.top_logprobs_num > 0) if shown else None
         return {"index": index, "text": text, "logprobs": body, "finish_reason": done.finish_reason}
 
+    @staticmethod
+    def _message(done: Completion, req: "GenerationRequest | None") -> tuple[dict, str]:
+        """The assistant message and finish reason; with tools, calls are parsed out."""
+        if req is None or not req.tool_mode:
+            return {"role": "assistant", "content": done.text}, done.finish_reason
+        content, calls = parse_output(done.text)
+        if not calls:
+            return {"role": "assistant", "content": done.text}, done.finish_reason
+        finish = "tool_calls" if done.finish_reason == "stop" else done.finish_reason
+        return {"role": "assistant", "content": content,
+                "tool_calls": [c.body() for c in calls]}, finish
+
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
-              index: int = 0) -> dict:
+              index: int = 0, delta: dict | None = None) -> dict:
         """One streamed chunk of choice ``index``; ``text`` None gives an empty delta
-        (the finish chunk)."""
+        (the finish chunk); ``delta`` (chat) a delta of its own (tool calls)."""
         if self.chat:
-            delta: dict = {"role": "assistant", "content": text or ""} if role else (
-                {} if text is None else {"content": text})
+            if delta is None:
+                delta = {"role": "assistant", "content": text or ""} if role else (
+                    {} if text is None else {"content": text})
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
             choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}

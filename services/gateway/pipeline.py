@@ -285,7 +285,7 @@ class Pipeline:
             rid=rid, gateway=self.instance, text=req.text, messages=req.messages,
             input_ids=req.input_ids, add_generation_prompt=req.add_generation_prompt,
             max_new_tokens=req.max_new_tokens, stop=req.stop,
-            skip_special_tokens=req.skip_special_tokens,
+            skip_special_tokens=req.skip_special_tokens, tools=req.tools,
         )
 
     def _publish_later(self, subject: str, msg) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from libs.protocol.messages import ChatMessage, EncodeRequest, SamplingParams, TextDelta
+from libs.protocol.messages import ChatMessage, EncodeRequest, SamplingParams, TextDelta, ToolSpec
 
 
 @dataclass
@@ -43,6 +43,10 @@ class GenerationRequest:
     min_p: float = 0.0
     min_tokens: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # chat tool calling: the functions offered; "auto": calls in the output are parsed,
+    # "forced": the output is one call (``regex``); "": no tools
+    tools: list[ToolSpec] = field(default_factory=list)
+    tool_mode: str = ""
 
     def sampling(self, max_new_tokens: int) -> SamplingParams:
         return SamplingParams(

@@ -18,6 +18,7 @@ from . import convert
 from .auth import Keyring, request_tenant, tenant_salt
 from .errors import ApiError, bad_request, from_validation
 from .formats import OpenAIFormat, delta_usage, native_body
+from .chat_stream import ChoiceStream
 from .choices import choice_requests, close_all, collect_all, merged_events, open_choices
 from .generation import Completion, Generation
 from .limits import NO_DEADLINE, Deadline, Limits
@@ -168,7 +169,7 @@ class GenerationRoutes:
             gen = await run_until_disconnect(request.receive, self._submit(req, deadline))
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             fmt = OpenAIFormat(gen.rid, model, chat, include_usage)
-            return sse_response(gen, openai_events(gen, fmt, deadline))
+            return sse_response(gen, openai_events(gen, fmt, deadline, bool(req.tool_mode)))
         done = await run_until_disconnect(request.receive, deadline.run(self._complete(req)))
         return json_response(OpenAIFormat(done.rid, model, chat).response(done, req), worker=done.worker)
 
@@ -193,7 +194,8 @@ class GenerationRoutes:
 
         gens = await run_until_disconnect(request.receive, deadline.run(open_choices(submit, reqs, n, base)))
         if body.stream:
-            return SSEResponse(merged_events(gens, fmt, deadline), on_close=lambda: close_all(gens),
+            events = merged_events(gens, fmt, deadline, bool(reqs[0].tool_mode))
+            return SSEResponse(events, on_close=lambda: close_all(gens),
                                headers={WORKER_HEADER: gens[0].worker_id})
         dones = await run_until_disconnect(request.receive, deadline.run(collect_all(gens)))
         return json_response(fmt.batch_response(dones, reqs, n), worker=dones[0].worker)
@@ -225,18 +227,18 @@ class GenerationRoutes:
 _GENERATE_DEFAULT_MAX = SamplingParamsBody().max_new_tokens
 
 
-async def openai_events(gen: Generation, fmt: OpenAIFormat,
-                        deadline: Deadline = NO_DEADLINE) -> AsyncIterator[bytes]:
-    """SSE chunks of an OpenAI stream; a failure (or the deadline) becomes an error event."""
+async def openai_events(gen: Generation, fmt: OpenAIFormat, deadline: Deadline = NO_DEADLINE,
+                        tools: bool = False) -> AsyncIterator[bytes]:
+    """SSE chunks of an OpenAI stream (``tools``: calls parsed out of the text); a
+    failure (or the deadline) becomes an error event."""
+    stream = ChoiceStream(fmt, tools=tools)
     async with gen:
         if fmt.chat:
             yield sse_event(fmt.chunk("", role=True))
         try:
             async for delta in deadline.iterate(gen):
-                if delta.text:
-                    yield sse_event(fmt.chunk(delta.text))
-                if delta.finish_reason is not None:
-                    yield sse_event(fmt.chunk(None, delta.finish_reason))
+                for chunk in stream.chunks(delta.text, delta.finish_reason):
+                    yield sse_event(chunk)
         except ServiceError as exc:
             yield sse_event(ApiError.from_service(exc).body())
         except ApiError as exc:

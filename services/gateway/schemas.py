@@ -54,10 +54,48 @@ class ContentPart(_Body, kw_only=True):
     text: str | None = None
 
 
+FunctionName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+MAX_TOOLS = 128
+
+
+class FunctionCallBody(_Body, kw_only=True):
+    name: FunctionName
+    arguments: str  # a JSON object, as text (OpenAI)
+
+
+class ToolCallBody(_Body, kw_only=True):
+    id: Annotated[str, Meta(max_length=128)]
+    type: Literal["function"] = "function"
+    function: FunctionCallBody
+
+
 class Message(_Body, kw_only=True):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallBody] | None = None  # an assistant's calls
+    tool_call_id: Annotated[str, Meta(max_length=128)] | None = None  # a tool message's call
+
+
+class FunctionBody(_Body, kw_only=True):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema (none: no arguments)
+    strict: bool | None = None
+
+
+class ToolBody(_Body, kw_only=True):
+    type: Literal["function"]
+    function: FunctionBody
+
+
+class NamedFunction(_Body, kw_only=True):
+    name: FunctionName
+
+
+class NamedToolChoice(_Body, kw_only=True):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(_Body, kw_only=True):
@@ -106,6 +144,9 @@ class OpenAIRequestBase(_Body, kw_only=True):
 
 class ChatCompletionRequest(OpenAIRequestBase, kw_only=True):
     messages: Annotated[list[Message], Meta(min_length=1)]
+    tools: Annotated[list[ToolBody], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     max_completion_tokens: TokenBudget | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None

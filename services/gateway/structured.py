@@ -58,11 +58,11 @@ def _format_regex(fmt: ResponseFormat | None, where: str = "") -> str:
         raise bad_request(f"json_schema: {exc}", param) from None
     except RecursionError:
         raise bad_request("json_schema: nested too deeply", param) from None
-    _check_size(pattern, param)
+    check_size(pattern, param)
     return pattern
 
 
-def _check_size(pattern: str, param: str) -> None:
+def check_size(pattern: str, param: str) -> None:
     """The scheduler checks every pattern; a schema's is checked here too, so that a
     schema too large for the automaton gets an answer about the schema."""
     from libs.grammar.regex_dfa import parse_regex  # NOTE: numpy, only for JSON schemas

@@ -12,6 +12,8 @@ from libs.protocol import errors
 from libs.protocol.messages import EncodeRequest
 from libs.protocol.subjects import check_token
 
+from .tools import template_inputs
+
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
@@ -75,10 +77,10 @@ class Encoder:
         if not getattr(self.tokenizer, "chat_template", None):
             raise errors.invalid_request("this model has no chat template; send text instead")
         try:
+            turns, extra = template_inputs(messages, req.tools, self.tokenizer.chat_template)
             ids = self.tokenizer.apply_chat_template(
-                [{"role": m.role, "content": m.content} for m in messages],
-                add_generation_prompt=req.add_generation_prompt,
-                tokenize=True, return_dict=False,
+                turns, add_generation_prompt=req.add_generation_prompt,
+                tokenize=True, return_dict=False, **extra,
             )
         except Exception as exc:  # noqa: BLE001 - jinja raise_exception(), bad turn order
             raise errors.invalid_request(f"chat template rejected the messages: {exc}") from None
