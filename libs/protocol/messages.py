@@ -615,6 +615,9 @@ class PrefillRequest(Base, tag="prefill.v1"):
 class PrefillAck(Base, tag="prefill_ack.v1"):
     queue_position: int
     session: str = ""
+    # the prefill scheduler's own prediction when it accepted: its queued prefill
+    # tokens (this request's included) over its measured prefill rate
+    predicted_s: float = 0.0
 
 
 class KVReady(Base, tag="kv_ready.v1"):

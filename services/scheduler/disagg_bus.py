@@ -33,6 +33,7 @@ log = logging.getLogger("scheduler.disagg")
 _tracer = trace.get_tracer("radixmesh.scheduler")
 
 WATCH_S = 0.05
+DEFAULT_PREFILL_TPS = 500.0  # until the prefill worker measured its own
 ACK_TIMEOUT_S = 2.0
 
 
@@ -76,7 +77,10 @@ class DisaggLink:
 
     async def _send_request(self, req: Req, worker: str, msg: PrefillRequest) -> None:
         try:
-            await self.bus.request(self.subjects.sched_prefill(worker), msg, PrefillAck, ACK_TIMEOUT_S)
+            ack = await self.bus.request(self.subjects.sched_prefill(worker), msg, PrefillAck, ACK_TIMEOUT_S)
+            if req.transfer is not None and req.transfer.transfer_id == msg.transfer_id:
+                # NOTE: the deadline grows with the queue the prefill worker reports
+                req.transfer.predicted_s = max(req.transfer.predicted_s, ack.predicted_s)
             return
         except ServiceError as exc:
             error = exc
@@ -129,7 +133,9 @@ class DisaggLink:
         req.handoff = Handoff(msg.transfer_id, msg.decode_worker, msg.decode_host,
                               min(max(msg.skip, 0), len(msg.input_ids) - 1), msg.deadline_s)
         position = self.driver.submit(req)
-        return PrefillAck(queue_position=position, session=self.session)
+        rate = self.driver.rates.prefill_tps or DEFAULT_PREFILL_TPS
+        return PrefillAck(queue_position=position, session=self.session,
+                          predicted_s=self.core.queued_prefill_tokens() / rate)
 
     async def _send_kv(self, req: Req) -> None:
         h, book = req.handoff, self.core.prefill
