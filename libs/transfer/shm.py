@@ -105,7 +105,9 @@ def _created(name: str, size: int, shm_dir: Path) -> Iterator[mmap.mmap]:
     path = _path(name, shm_dir)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.ftruncate(fd, size)
+        # NOTE: blocks reserved now: a full /dev/shm (Docker's default is 64 MB) fails here
+        # with ENOSPC, not later with SIGBUS when the mapping's pages are written
+        os.posix_fallocate(fd, 0, size)
         with mmap.mmap(fd, size) as mm:
             yield mm
     except BaseException:
