@@ -144,6 +144,25 @@ class ClusterView:
         self.host_demoted = Gauge("radixmesh:host_demoted_tokens",
                                   "Tokens of KV copied down to the host tier on eviction "
                                   "(since the scheduler started)", labels, registry=r)
+        self.transfers = Gauge("radixmesh:kv_transfers",
+                               "Prefill/decode KV transfers: received (decode side) or sent (prefill "
+                               "side) since the scheduler started", [*labels, "direction"], registry=r)
+        self.transfer_bytes = Gauge("radixmesh:kv_transfer_bytes",
+                                    "Bytes of KV a decode worker received from prefill workers",
+                                    labels, registry=r)
+        self.transfer_s = Gauge("radixmesh:kv_transfer_seconds",
+                                "Seconds from asking a prefill worker to its KV staged here, summed",
+                                labels, registry=r)
+        self.transfer_failures = Gauge("radixmesh:kv_transfer_failures",
+                                       "Transfers given up (the decode worker prefilled itself), by reason",
+                                       [*labels, "reason"], registry=r)
+        self.store_fetches = Gauge("radixmesh:store_fetches",
+                                   "Shared-store (L3) prefetches by outcome: complete, partial, deadline, "
+                                   "miss, error, skipped (predicted slower than recomputing), no_room",
+                                   [*labels, "outcome"], registry=r)
+        self.store_tokens = Gauge("radixmesh:store_tokens",
+                                  "Tokens of KV fetched from / put to the shared store (L3)",
+                                  [*labels, "direction"], registry=r)
         self.unreachable = Gauge("radixmesh:worker_stats_unavailable",
                              "1 when the worker's scheduler did not answer the stats request", labels,
                              registry=r)
@@ -154,7 +173,8 @@ class ClusterView:
                    if self.worker_model is None or r.model == self.worker_model]
         for gauge in (self.running, self.queued, self.token_usage, self.hit_rate, self.throughput,
                       self.idle, self.active_s, self.busy_s, self.unreachable, self.host_usage,
-                      self.host_loaded, self.host_demoted):
+                      self.host_loaded, self.host_demoted, self.transfers, self.transfer_bytes,
+                      self.transfer_s, self.transfer_failures, self.store_fetches, self.store_tokens):
             gauge.clear()  # NOTE: workers that left disappear from the scrape
         for r in reports:
             key = (self.model_name, r.worker_id)
@@ -182,6 +202,8 @@ class ClusterView:
                 self.host_usage.labels(*key).set(1.0 - st.host_free_slots / st.host_slots)
                 self.host_loaded.labels(*key).set(st.host_loaded_tokens)
                 self.host_demoted.labels(*key).set(st.host_demoted_tokens)
+            self._transfers(key, st)
+            self._store(key, st)
             last = self._last.get(r.worker_id)
             rate = 0.0
             if last is not None and now > last[1] and st.tokens_generated >= last[0]:
@@ -190,6 +212,24 @@ class ClusterView:
             self._last[r.worker_id] = (st.tokens_generated, now)
         for gone in set(self._last) - {r.worker_id for r in reports}:
             del self._last[gone]
+
+
+    def _store(self, key: tuple[str, str], st: SchedStats) -> None:
+        for outcome, n in st.store_fetches.items():
+            self.store_fetches.labels(*key, outcome).set(n)
+        if st.store_fetches or st.store_put_tokens:
+            self.store_tokens.labels(*key, "fetched").set(st.store_fetched_tokens)
+            self.store_tokens.labels(*key, "put").set(st.store_put_tokens)
+
+    def _transfers(self, key: tuple[str, str], st: SchedStats) -> None:
+        if not (st.kv_transfers_in or st.kv_transfers_out or st.kv_transfer_failures):
+            return
+        self.transfers.labels(*key, "in").set(st.kv_transfers_in)
+        self.transfers.labels(*key, "out").set(st.kv_transfers_out)
+        self.transfer_bytes.labels(*key).set(st.kv_transfer_bytes)
+        self.transfer_s.labels(*key).set(st.kv_transfer_seconds)
+        for reason, n in st.kv_transfer_failures.items():
+            self.transfer_failures.labels(*key, reason).set(n)
 
 
 class MetricsPage:

@@ -118,6 +118,11 @@ async def test_bytes_moved_are_the_pages_the_decode_worker_lacks(pd):
         mid = (await bus.sched_stats(ids["d"])).kv_transfer_bytes
         await generate(client, text, max_new=4)  # the decode worker holds the prompt now
         after = (await bus.sched_stats(ids["d"])).kv_transfer_bytes
+        metrics = (await client.get("/metrics")).text
+    (line,) = [x for x in metrics.splitlines()
+               if x.startswith("radixmesh:kv_transfer_bytes{") and f'worker="{ids["d"]}"' in x]
+    assert float(line.rsplit(" ", 1)[1]) == after  # /metrics says what moved
+    assert 'direction="out"' in metrics
     prompt = first["meta_info"]["prompt_tokens"]
     sent_first = mid - before
     assert sent_first < prompt * TOKEN_BYTES + HEADER_BYTES  # the document was cached on the decode side
