@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="shared KV store (L3) for host pages: nats = a JetStream KV bucket on the worker's "
                         "broker (JetStream must be on: nats-server -js); needs --host-kv-slots")
     p.add_argument("--kv-store-bucket", default=env("RADIXMESH_KV_STORE_BUCKET", StoreConfig.bucket))
+    p.add_argument("--kv-store-url", default=env("RADIXMESH_KV_STORE_URL", ""),
+                   help="the store's own NATS server (JetStream on), e.g. a cluster kept for KV; "
+                        "default: the worker's broker")
     p.add_argument("--kv-store-max-bytes", type=int,
                    default=int(env("RADIXMESH_KV_STORE_MAX_BYTES", str(StoreConfig.max_bytes))),
                    help="byte limit of the bucket when this worker creates it (full: the oldest pages go)")
@@ -108,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
             role=args.role,
         )
         data_bus = await open_data_bus(ctx)  # NOTE: bulk bytes (pages, KV transfers) off the control connection
-        await serve_store(ctx, worker, StoreConfig(args.kv_store, args.kv_store_bucket, args.kv_store_max_bytes),
+        await serve_store(ctx, worker, StoreConfig(args.kv_store, args.kv_store_bucket, args.kv_store_max_bytes,
+                                                      args.kv_store_url),
                           data_bus)
         await serve_kv_transfer(ctx, worker, KVTransferConfig(mode=args.kv_transfer), data_bus)
         await worker.start(ctx.bus)  # NOTE: after the store: the first announcement names it

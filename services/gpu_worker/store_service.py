@@ -29,6 +29,7 @@ class StoreConfig:
     kind: str = "none"
     bucket: str = DEFAULT_BUCKET
     max_bytes: int = DEFAULT_MAX_BYTES
+    url: str = ""  # the store's own NATS server ("": the worker's broker)
 
 
 class FetchEndpoint:
@@ -70,9 +71,10 @@ class FetchEndpoint:
         return slots
 
 
-async def open_data_bus(ctx: ServiceContext) -> Bus:
-    """The worker's second NATS connection, for bulk bytes (store pages, KV transfers), open until ``ctx`` stops."""
-    bus = await Bus.connect(ctx.config.nats_url, f"{ctx.service}:{ctx.config.instance}:data",
+async def open_data_bus(ctx: ServiceContext, url: str = "") -> Bus:
+    """The worker's second NATS connection, for bulk bytes (store pages, KV transfers), open until ``ctx``
+    stops (``url``: another server, e.g. the store's own; default the worker's broker)."""
+    bus = await Bus.connect(url or ctx.config.nats_url, f"{ctx.service}:{ctx.config.instance}:data",
                             credentials=ctx.config.credentials)
     ctx.stack.push_async_callback(bus.close)
     return bus
@@ -87,6 +89,8 @@ async def serve_store(ctx: ServiceContext, worker: WorkerService, config: StoreC
     copier = worker.runner.kv_copies
     if copier.host is None:
         raise SystemExit("gpu_worker: --kv-store needs a host KV pool (--host-kv-slots > 0)")
+    if config.url:
+        bus = await open_data_bus(ctx, config.url)
     bus = bus if bus is not None else await open_data_bus(ctx)
     spec = PageSpec(KVLayout.of_pool(copier.pool))
     try:

@@ -51,7 +51,8 @@ class HostTier:
     NOTE: with write_back the tier is exclusive: a node loaded back gives its host
     copy up (and is copied down again when next evicted), so device and host
     together hold as many documents as their sizes add up to; the write-through
-    policies keep the copy (that is their point)."""
+    policies keep the copy (that is their point). With a shared store (``store``)
+    every policy writes through: pages are put as soon as they are computed."""
 
     def __init__(self, num_slots: int, write_policy: str = "write_back",
                  store: StoreKeys | None = None) -> None:
@@ -70,7 +71,7 @@ class HostTier:
 
     @property
     def exclusive(self) -> bool:
-        return self.write_policy == "write_back"
+        return self.write_policy == "write_back" and self.store is None
 
     def copy_down(self, device_slots: np.ndarray, hashes: list[int] = ()) -> np.ndarray | None:
         """Copy these device slots' KV to host slots (None: the host pool is full); with a
@@ -99,7 +100,9 @@ class HostTier:
         self.put += len(src)
 
     def backs_up(self, hits: int) -> bool:
-        if self.write_policy == "write_through":
+        # NOTE: with a shared store a page is put when it is computed (through its host
+        # copy): a page reaches other workers only if it is there before its worker goes
+        if self.write_policy == "write_through" or self.store is not None:
             return True
         return self.write_policy == "write_through_selective" and hits >= 2
 
