@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import torch
 
 from libs.protocol.extras import row_extras
@@ -54,3 +55,20 @@ def test_min_tokens_holds_eos_back_as_hf_min_new_tokens(runner, hf_model, tokeni
     assert not eos & set(held[:n]) and len(held) > n
     want = _hf(hf_model, prompt, steps, min_new_tokens=n)
     assert held == want[: len(held)]
+
+
+def test_a_resumed_row_keeps_its_counts(runner, tokenizer):
+    """Retraction or a move to another worker: prompt + output prefilled again, the
+    counts rebuilt from the NewRow, and the output goes on as if nothing happened."""
+    prompt = tokenizer("Count: 1, 2, 3, 4, 5, 6,")["input_ids"]
+    params = dict(frequency_penalty=0.8, presence_penalty=0.5, min_tokens=12)
+    full = _run(runner, [prompt], [4], [_row(4, prompt, **params)], _Slots(runner.config.kv_slots), STEPS)[0]
+    done = full[:5]
+    extras = row_extras(SamplingParams(max_new_tokens=STEPS, **params), prompt, done)
+    again = _run(runner, [prompt + done], [6], [NewRow(row=6, **GREEDY, extras=extras)],
+                 _Slots(runner.config.kv_slots), STEPS - 5, first_chunk=7)[0]
+    assert done + again == full
+    forgot = msgspec.structs.replace(extras, output_ids=[])  # the counts not rebuilt
+    lost = _run(runner, [prompt + done], [6], [NewRow(row=6, **GREEDY, extras=forgot)],
+                _Slots(runner.config.kv_slots), STEPS - 5)[0]
+    assert done + lost != full  # the control: without them it diverges
