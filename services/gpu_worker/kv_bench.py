@@ -124,6 +124,17 @@ def scatter_times(args: argparse.Namespace, dtype: str) -> list[float]:
     return times[1:]
 
 
+def copy_times(args: argparse.Namespace, dtype: str) -> list[float]:
+    """For scale: one contiguous copy of the same bytes, now, on this machine."""
+    data = torch.empty(args.tokens * 2 * args.layers * args.kv_heads * args.head_dim, dtype=DTYPES[dtype])
+    times = []
+    for _ in range(args.repeat + 1):
+        start = time.perf_counter()
+        data.clone()
+        times.append(time.perf_counter() - start)
+    return times[1:]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -140,7 +151,10 @@ def main(argv: list[str] | None = None) -> None:
     print("| dtype | path | MB | chunks | KVSend best ms | median ms | GB/s (best) | + import (scatter) ms "
           "| total ms | GB/s (total) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for dtype, by_path in results.items():
-        scatter = min(scatter_times(args, dtype))
+        scatter, copy = min(scatter_times(args, dtype)), min(copy_times(args, dtype))
+        nbytes = next(iter(by_path.values()))[1]
+        print(f"| {dtype} | (one memcpy of these bytes, for scale) | {nbytes / 1e6:.1f} | - | {copy * 1e3:.1f} | - "
+              f"| {nbytes / copy / 1e9:.2f} | - | - | - |")
         for path, (times, nbytes, chunks) in by_path.items():
             best, median = min(times), statistics.median(times)
             total = best + scatter
