@@ -16,7 +16,7 @@ from libs.protocol import ServiceError, tracing
 
 from . import convert
 from .auth import Keyring, request_tenant, tenant_salt
-from .errors import ApiError, bad_request, from_validation
+from .errors import ApiError, bad_request, from_validation, not_supported
 from .formats import OpenAIFormat, delta_usage, native_body
 from .chat_stream import ChoiceStream
 from .choices import choice_requests, close_all, collect_all, merged_events, open_choices
@@ -150,6 +150,8 @@ class GenerationRoutes:
         req.max_new_tokens = self.limits.cap_max_tokens(
             None if default else asked, "sampling_params.max_new_tokens",
             asked if default else None)
+        if body.sampling_params.n > 1:
+            return await self._native_choices(request, body, req)
         deadline = self._prepare(request, req, body.timeout)
         if body.stream:
             gen = await run_until_disconnect(request.receive, self._submit(req, deadline))
@@ -183,22 +185,40 @@ class GenerationRoutes:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         fmt = OpenAIFormat(base, self.settings.served_model_name, chat, include_usage)
 
-        async def submit(req: GenerationRequest) -> Generation:
-            gen = await self.pipeline.submit(req)
-            try:
-                self.limits.check_prompt(gen.prompt_tokens)
-            except ApiError:
-                gen.close()
-                raise
-            return gen
-
-        gens = await run_until_disconnect(request.receive, deadline.run(open_choices(submit, reqs, n, base)))
+        gens = await run_until_disconnect(request.receive,
+                                          deadline.run(open_choices(self._open, reqs, n, base)))
         if body.stream:
             events = merged_events(gens, fmt, deadline, bool(reqs[0].tool_mode))
             return SSEResponse(events, on_close=lambda: close_all(gens),
                                headers={WORKER_HEADER: gens[0].worker_id})
         dones = await run_until_disconnect(request.receive, deadline.run(collect_all(gens)))
         return json_response(fmt.batch_response(dones, reqs, n), worker=dones[0].worker)
+
+    async def _native_choices(self, request: Request, body: GenerateRequest,
+                              req: GenerationRequest) -> Response:
+        """SGLang's ``sampling_params.n`` (not streamed): a list of /generate objects."""
+        if body.stream:
+            raise not_supported("sampling_params.n", " above 1 with stream")
+        reqs = choice_requests(req, body.sampling_params.n)
+        deadline = [self._prepare(request, r, body.timeout) for r in reqs][0]
+        base = tracing.request_id.get() or uuid.uuid4().hex
+
+        async def run() -> list[Completion]:
+            return await collect_all(await open_choices(self._open, reqs, len(reqs), base))
+
+        dones = await run_until_disconnect(request.receive, deadline.run(run()))
+        return json_response([native_body(d.rid, d.text, d.token_ids, d.finish_reason, d.usage, d.logprobs)
+                              for d in dones], worker=dones[0].worker)
+
+    async def _open(self, req: GenerationRequest) -> Generation:
+        """Submit ``req``; closed again (aborted) if its prompt is over the limit."""
+        gen = await self.pipeline.submit(req)
+        try:
+            self.limits.check_prompt(gen.prompt_tokens)
+        except ApiError:
+            gen.close()
+            raise
+        return gen
 
     def _prepare(self, request: Request, req: GenerationRequest, timeout: float | None) -> Deadline:
         """Apply what the gateway adds to every request: tenant namespace, limits."""
@@ -209,13 +229,7 @@ class GenerationRoutes:
         return self.limits.deadline(timeout)
 
     async def _submit(self, req: GenerationRequest, deadline: Deadline) -> Generation:
-        gen = await deadline.run(self.pipeline.submit(req))
-        try:
-            self.limits.check_prompt(gen.prompt_tokens)
-        except ApiError:
-            gen.close()  # aborts it on its scheduler
-            raise
-        return gen
+        return await deadline.run(self._open(req))
 
     async def _complete(self, req: GenerationRequest) -> Completion:
         gen = await self.pipeline.submit(req)

@@ -180,6 +180,7 @@ class SamplingParamsBody(_Body, kw_only=True):
     min_p: MinP = 0.0
     min_new_tokens: TokenBudget = 0
     logit_bias: LogitBias | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] = 1  # a list of n objects back (not streamed)
 
 
 class GenerateRequest(_Body, kw_only=True):

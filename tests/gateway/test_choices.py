@@ -68,3 +68,16 @@ async def test_a_failed_choice_closes_those_opened():
     with pytest.raises(Exception, match="busy"):
         await open_choices(submit, [GenerationRequest(text="a")] * 3, 3, "r")
     assert opened and all(g.closed for g in opened)
+
+
+async def test_native_n_is_bounded_and_not_streamed():
+    from .test_routes import RecordingBackend, _error, make_client
+
+    backend = RecordingBackend()
+    async with make_client(backend) as client:
+        _error(await client.post("/generate", json={"text": "a", "sampling_params": {"n": 17}}), 400,
+               "sampling_params.n", "<= 16")
+        _error(await client.post("/generate", json={"text": "a", "stream": True, "sampling_params": {"n": 2}}),
+               400, "sampling_params.n", "not supported")
+        await client.post("/generate", json={"text": "a", "sampling_params": {"n": 3, "seed": 9}})
+    assert [r.seed for r in backend.requests] == [9]  # the first choice, refused: the rest never sent

@@ -81,3 +81,13 @@ def test_several_prompts_with_n(stack):
     single = [_post(stack, "/v1/completions", {**body, "prompt": p, "n": 1})["usage"]["prompt_tokens"]
               for p in body["prompt"]]
     assert resp["usage"]["prompt_tokens"] == sum(single)
+
+
+def test_generate_with_sglang_n_returns_a_list(stack):
+    body = {"text": "My favourite animal is", "sampling_params": {"max_new_tokens": 8, "temperature": 1.0,
+                                                                  "seed": 11, "n": 3}}
+    outs = _post(stack, "/generate", body)
+    assert isinstance(outs, list) and len(outs) == 3
+    assert len({o["text"] for o in outs}) > 1 and all(o["meta_info"]["completion_tokens"] == 8 for o in outs)
+    single = _post(stack, "/generate", {**body, "sampling_params": {**body["sampling_params"], "n": 1}})
+    assert single["output_ids"] == outs[0]["output_ids"]
