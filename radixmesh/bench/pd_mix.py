@@ -29,15 +29,15 @@ DOC_ASK = "In one short phrase: what is this document about?"
 @dataclass(frozen=True)
 class PDMixParams:
     streams: int = 4  # decoding streams in flight (lanes)
-    stream_rounds: int = 3  # streams per lane, one after the other
+    stream_rounds: int = 2  # streams per lane, one after the other
     stream_prompt_tokens: int = 48
     stream_tokens: int = 128
     stream_stagger_ms: int = 700  # lane i starts at i x this
-    docs: int = 8
+    docs: int = 12  # arriving over about as long as the streams decode (on 2 CPU cores)
     doc_tokens: int = 1400  # ~1,500 with the template and the question
     doc_out_tokens: int = 4
     doc_start_ms: int = 2000  # the first document arrives then, the next every doc_gap_ms
-    doc_gap_ms: int = 4000
+    doc_gap_ms: int = 6000
 
 
 QUICK = PDMixParams(streams=2, stream_rounds=1, stream_prompt_tokens=32, stream_tokens=16,

@@ -18,11 +18,11 @@ def test_lanes_keep_streams_decoding_one_after_another(chat_tok):
 def test_documents_are_long_distinct_and_keep_arriving(chat_tok):
     w = build_workload("pd-mix", chat_tok, seed=0, overrides={"docs": "3", "stream_rounds": "1"})
     docs = [s for s in w.requests if s.kind == DOCUMENT]
-    assert [d.arrive_s for d in docs] == [2.0, 6.0, 10.0]
+    assert [d.arrive_s for d in docs] == [2.0, 8.0, 14.0]
     assert all(d.max_tokens <= 8 for d in docs)
     ids = [chat_tok.prompt_ids(d.render({})) for d in docs]
     assert all(1400 <= len(x) <= 1700 for x in ids), [len(x) for x in ids]
     assert max(common_prefix(a, b) for i, a in enumerate(ids) for b in ids[i + 1:]) < 40
     assert 1400 <= w.info["doc_prompt_tokens_mean"] <= 1700
     assert w.info["stream_prompt_tokens_mean"] < 200
-    assert (w.info["streams"], w.info["documents"], w.info["last_doc_arrival_s"]) == (4, 3, 10.0)
+    assert (w.info["streams"], w.info["documents"], w.info["last_doc_arrival_s"]) == (4, 3, 14.0)
