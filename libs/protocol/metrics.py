@@ -16,6 +16,8 @@ import os
 
 from prometheus_client import Counter, start_http_server
 
+from .env_flags import env_default
+
 BUS_ERRORS = Counter(
     "radixmesh:bus_errors", "Failed bus requests (no responder, timeout, typed error replies).",
     ["subject", "code"],
@@ -31,13 +33,18 @@ def bus_error(subject: str, code: str) -> None:
     BUS_ERRORS.labels(subject_label(subject), code).inc()
 
 
-def add_metrics_args(parser: argparse.ArgumentParser) -> None:
+def add_metrics_args(parser: argparse.ArgumentParser, service: str | None = None) -> None:
+    """``--metrics-port`` / ``--metrics-host``; with ``service``, also from
+    RADIXMESH_<SERVICE>_METRICS_PORT (radixmesh up's name) before RADIXMESH_METRICS_PORT."""
     env = os.environ.get
-    parser.add_argument(
-        "--metrics-port", type=int, default=int(env("RADIXMESH_METRICS_PORT", "0")),
-        help="serve Prometheus /metrics of this process on this port (0: off)",
-    )
-    parser.add_argument("--metrics-host", default=env("RADIXMESH_METRICS_HOST", "0.0.0.0"))
+    port = int(env("RADIXMESH_METRICS_PORT", "0"))
+    host = env("RADIXMESH_METRICS_HOST", "0.0.0.0")
+    if service is not None:
+        port = env_default(service, "--metrics-port", 0, int)
+        host = env_default(service, "--metrics-host", "0.0.0.0")
+    parser.add_argument("--metrics-port", type=int, default=port,
+                        help="serve Prometheus /metrics of this process on this port (0: off)")
+    parser.add_argument("--metrics-host", default=host)
 
 
 def serve_metrics(port: int, host: str = "0.0.0.0") -> int | None:

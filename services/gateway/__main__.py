@@ -7,6 +7,7 @@ import asyncio
 import os
 
 from libs.models import DEFAULT_MODEL, served_name
+from libs.protocol.env_flags import env_default
 from libs.protocol.service import add_common_args, common_config, run_service, setup_logging
 
 from .auth import KeyFileError, load_keyring
@@ -23,14 +24,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=int(env("RADIXMESH_GATEWAY_PORT", "8000")))
     parser.add_argument("--model", default=env("RADIXMESH_MODEL", DEFAULT_MODEL),
                         help="model the workers serve: 'default' or an HF directory (not loaded here)")
-    parser.add_argument("--served-model-name", default=None,
+    parser.add_argument("--served-model-name", default=_env("--served-model-name", None),
                         help="name clients use in requests (default: derived from --model)")
     parser.add_argument("--api-key", default=env("RADIXMESH_API_KEY") or None,
                         help="require 'Authorization: Bearer KEY' (default: env RADIXMESH_API_KEY)")
     parser.add_argument("--api-keys-file", default=env("RADIXMESH_API_KEYS_FILE") or None,
                         help="API keys and their tenants: JSON {\"key\": \"tenant\"} or "
                              "'key tenant' lines (also: env RADIXMESH_API_KEYS=key:tenant,...)")
-    parser.add_argument("--request-timeout", type=float, default=600.0,
+    parser.add_argument("--request-timeout", type=float, default=_env("--request-timeout", 600.0, float),
                         help="seconds without output before a request fails with 504")
     parser.add_argument("--request-deadline", type=float, default=_env_float("RADIXMESH_REQUEST_DEADLINE"),
                         help="seconds a whole request may take when its body sets no 'timeout' "
@@ -43,9 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-concurrent-requests", type=int,
                         default=int(env("RADIXMESH_MAX_CONCURRENT_REQUESTS", "0")),
                         help="generation requests in flight on this gateway (429 above); 0: no limit")
-    parser.add_argument("--bus-timeout", type=float, default=10.0,
+    parser.add_argument("--bus-timeout", type=float, default=_env("--bus-timeout", 10.0, float),
                         help="seconds to wait for encode / route / submit replies")
-    parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    parser.add_argument("--max-body-bytes", type=int, default=_env("--max-body-bytes", 8 * 1024 * 1024, int))
     add_common_args(parser, "gateway")
     args = parser.parse_args(argv)
     try:
@@ -53,6 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except KeyFileError as exc:
         parser.error(str(exc))
     return args
+
+
+def _env(flag: str, default, kind=str):
+    return env_default("gateway", flag, default, kind)
 
 
 def _env_float(name: str) -> float | None:
