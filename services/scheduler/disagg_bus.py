@@ -148,6 +148,7 @@ class DisaggLink:
         except ServiceError as exc:
             reply = KVSendReply(ok=False, error=f"{exc.code}: {exc.message}")
         book.end(req)
+        self.driver.tracer.ended(req.rid, "handoff" if reply.ok else "error", 1, req.cached_tokens)
         self.driver.wake()
         error = None if reply.ok else ErrorInfo(
             code="transfer_" + reply.error.split(":")[0].strip().replace(" ", "_"),
@@ -178,6 +179,7 @@ class DisaggLink:
         for req in prefill.take():
             self._spawn(self._send_kv(req))
         for req, error in prefill.take_failed():
+            self.driver.tracer.ended(req.rid, "error", 0, req.cached_tokens, error)
             self._spawn(self._report(req.handoff.decode_worker, KVReady(
                 transfer_id=req.handoff.transfer_id, ok=False, prefill_worker=self.worker_id, error=error)))
 

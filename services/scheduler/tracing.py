@@ -160,5 +160,11 @@ class StepTracer:
         if not self.traces:
             return
         for _, d in deltas:
-            if d.finish_reason is not None and (t := self.traces.pop(d.rid, None)) is not None:
-                t.finish(d.finish_reason, d.completion_tokens, d.cached_tokens, d.error)
+            if d.finish_reason is not None:
+                self.ended(d.rid, d.finish_reason, d.completion_tokens, d.cached_tokens, d.error)
+
+    def ended(self, rid: str, reason: str, completion_tokens: int = 0, cached_tokens: int = 0,
+              error=None) -> None:
+        """A request ended (also one that emits no deltas: a prefill for a decode worker)."""
+        if (t := self.traces.pop(rid, None)) is not None:
+            t.finish(reason, completion_tokens, cached_tokens, error)
