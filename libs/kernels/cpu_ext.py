@@ -1,11 +1,12 @@
 """Build (once, cached) and load the C++ CPU kernels in ``csrc/``.
 
-The first use compiles ``paged_decode.cpp`` with the machine's C++ compiler
-through ``torch.utils.cpp_extension`` (about a minute on 2 cores); later
-processes load the cached build from a folder keyed by the kernel's source, its
-flags and the torch version under ``$RADIXMESH_EXT_DIR`` (default
-``~/.cache/radixmesh/torch_extensions``), so checkouts and venvs sharing a machine
-never rebuild each other's kernel. Without a compiler the ``cpu`` backend is simply
+The first use compiles the sources in ``csrc/`` (decode, extend, the v1 decode
+kept as the benchmarks' baseline) with the machine's C++ compiler through
+``torch.utils.cpp_extension`` (a minute or two on 2 cores); later processes load
+the cached build from a folder keyed by the kernels' sources and headers, their
+flags, the CPU's feature flags (the build targets ``-march=native``) and the torch
+version under ``$RADIXMESH_EXT_DIR`` (default ``~/.cache/radixmesh/torch_extensions``),
+so checkouts and venvs sharing a machine never rebuild each other's kernel. Without a compiler the ``cpu`` backend is simply
 unavailable and the worker falls back to ``torch``.
 """
 
@@ -21,10 +22,12 @@ from types import ModuleType
 from .errors import BackendNotAvailable
 
 log = logging.getLogger("radixmesh.kernels")
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
-# fast-math lets the reductions and exp vectorise (exp through glibc's libmvec). Compile
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp"]
+# fast-math lets the reductions vectorise (the softmax's exp is our own, vec.h); 512-bit
+# vectors where the CPU has them (GCC prefers 256 on some that do). Compile
 # flags only: the link does not pull in crtfastmath, so the process's FP mode is untouched.
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp-simd"]
 LDFLAGS = ["-lmvec"]
 
 
@@ -32,9 +35,21 @@ def build_key() -> str:
     """``<source + flags hash>-torch<version>``: what the built module depends on."""
     import torch
 
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(" ".join(FLAGS + LDFLAGS).encode())
+    digest.update(_cpu_flags().encode())
     return f"{digest.hexdigest()[:12]}-torch{torch.__version__.replace('+', '_')}"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), so a cache folder moved to another CPU is not loaded there."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return next((line for line in text.splitlines() if line.startswith("flags")), "")
 
 
 def build_dir() -> Path:
@@ -45,7 +60,8 @@ def build_dir() -> Path:
 
 
 def load() -> ModuleType:
-    """The compiled module (``paged_decode``); raises BackendNotAvailable if it cannot build."""
+    """The compiled module (``paged_decode``, ``paged_extend``, ``paged_decode_v1``, ``amx_bf16``);
+    raises BackendNotAvailable if it cannot build."""
     if os.environ.get("RADIXMESH_NO_CPU_EXT"):
         raise BackendNotAvailable("the cpu backend is disabled by RADIXMESH_NO_CPU_EXT")
     module = _build()
@@ -61,7 +77,8 @@ def _build() -> ModuleType | BackendNotAvailable:
     try:
         log.info("loading the C++ CPU attention kernel (compiled on first use)")
         return cpp_extension.load(
-            name="radixmesh_cpu_kernels", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=LDFLAGS,
+            name="radixmesh_cpu_kernels", sources=[str(CSRC / name) for name in SOURCES],
+            extra_cflags=FLAGS, extra_ldflags=LDFLAGS,
             build_directory=str(build_dir()), verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build

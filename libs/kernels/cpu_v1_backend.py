@@ -1,6 +1,7 @@
-"""The CPU backend: the torch backend with decode read in place from the pool.
+"""The first CPU backend (``cpu_v1``), kept as the baseline the benchmarks compare
+the ``cpu`` backend against: the torch backend with decode read in place from the pool.
 
-Decode rows go to the C++ kernel in ``csrc/paged_decode.cpp`` (built on first
+Decode rows go to the C++ kernel in ``csrc/decode_v1.cpp`` (built on first
 use, see :mod:`.cpu_ext`), which reads each request's K/V rows straight from
 the pool by slot, so no gathered copy is written and read back (the torch
 backend's gather makes paged decode ~2.5x attention over contiguous caches).
@@ -30,8 +31,8 @@ class _Decode:
         self.table = meta.slot_table.contiguous()
 
 
-class CpuAttentionBackend(TorchAttentionBackend):
-    name = "cpu"
+class CpuV1AttentionBackend(TorchAttentionBackend):
+    name = "cpu_v1"
 
     def __init__(self, kv, scale=None) -> None:
         super().__init__(kv, scale)
@@ -40,9 +41,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
     @classmethod
     def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
         if torch.device(device).type != "cpu":
-            raise BackendNotAvailable("the cpu attention backend runs on the CPU only")
+            raise BackendNotAvailable(f"the {cls.name} attention backend runs on the CPU only")
         if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise BackendNotAvailable(f"the cpu attention backend does not support {dtype}")
+            raise BackendNotAvailable(f"the {cls.name} attention backend does not support {dtype}")
         cpu_ext.load()
 
     def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray, starts: np.ndarray) -> _Decode:
@@ -60,6 +61,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
             raise ValueError("slot table holds slots outside the KV pool")
 
     def _attend_decode(self, layer: int, q: torch.Tensor, plan: _Decode) -> torch.Tensor:
-        result = self._kernel.paged_decode(q.contiguous(), self.kv.k[layer], self.kv.v[layer],
+        result = self._kernel.paged_decode_v1(q.contiguous(), self.kv.k[layer], self.kv.v[layer],
                                            plan.table, plan.rows, plan.lens, self.scale)
         return result if q.dtype == torch.float32 else result.to(q.dtype)

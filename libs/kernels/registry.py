@@ -16,6 +16,7 @@ _BACKENDS: dict[str, str] = {
     "cpu": "libs.kernels.cpu_backend:CpuAttentionBackend",
     "triton": "libs.kernels.triton_backend:TritonAttentionBackend",
     "flashinfer": "libs.kernels.flashinfer_backend:FlashInferAttentionBackend",
+    "cpu_v1": "libs.kernels.cpu_v1_backend:CpuV1AttentionBackend",  # the benchmarks' baseline
 }
 
 

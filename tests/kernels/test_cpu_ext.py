@@ -1,4 +1,4 @@
-"""The C++ kernel's build folder: keyed by what the built module depends on."""
+"""The C++ kernels' build folder: keyed by what the built module depends on."""
 
 from __future__ import annotations
 
@@ -7,17 +7,27 @@ import torch
 from libs.kernels import cpu_ext
 
 
-def test_build_folder_is_keyed_by_source_flags_and_torch(tmp_path, monkeypatch):
-    monkeypatch.setenv("RADIXMESH_EXT_DIR", str(tmp_path))
-    source = tmp_path / "kernel.cpp"
-    source.write_text("int f() { return 1; }\n")
-    monkeypatch.setattr(cpu_ext, "SOURCE", source)
+def test_build_folder_is_keyed_by_sources_headers_flags_cpu_and_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXMESH_EXT_DIR", str(tmp_path / "ext"))
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "kernel.cpp").write_text("int f() { return 1; }\n")
+    (csrc / "vec.h").write_text("#pragma once\n")
+    monkeypatch.setattr(cpu_ext, "CSRC", csrc)
     first = cpu_ext.build_dir()
-    assert first.parent == tmp_path and first.is_dir()
+    assert first.parent == tmp_path / "ext" and first.is_dir()
     assert first.name.endswith("-torch" + torch.__version__.replace("+", "_"))
     assert cpu_ext.build_dir() == first  # stable while nothing changes
-    source.write_text("int f() { return 2; }\n")
+    (csrc / "kernel.cpp").write_text("int f() { return 2; }\n")
     edited = cpu_ext.build_dir()
+    (csrc / "vec.h").write_text("#pragma once\n// changed\n")
+    header = cpu_ext.build_dir()
     monkeypatch.setattr(cpu_ext, "FLAGS", [*cpu_ext.FLAGS, "-DX"])
     flagged = cpu_ext.build_dir()
-    assert len({first, edited, flagged}) == 3
+    monkeypatch.setattr(cpu_ext, "_cpu_flags", lambda: "flags : fpu sse2")  # another CPU
+    other_cpu = cpu_ext.build_dir()
+    assert len({first, edited, header, flagged, other_cpu}) == 5
+
+
+def test_the_sources_it_builds_exist():
+    assert all((cpu_ext.CSRC / name).is_file() for name in cpu_ext.SOURCES)

@@ -23,7 +23,7 @@ def test_torch_backend_by_name():
 
 
 def test_unknown_name():
-    with pytest.raises(BackendNotAvailable, match="unknown attention backend 'cuda'; known: torch, cpu, triton, flashinfer"):
+    with pytest.raises(BackendNotAvailable, match="unknown attention backend 'cuda'; known: torch, cpu, triton, flashinfer, cpu_v1"):
         get_backend("cuda", KVPool(1, 8, 2, 16))
 
 

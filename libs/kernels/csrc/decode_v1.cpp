@@ -1,3 +1,6 @@
+// The first decode kernel (v1), kept as the baseline the benchmarks compare against
+// (backend ``cpu_v1``); decode.cpp is its successor.
+//
 // Decode attention straight from the paged KV pool, for the CPU.
 //
 // One query token per request attends to the request's slots, read in place
@@ -11,8 +14,10 @@
 //   table  [R, max_len] int64    slot of every position of row r
 //   rows   [B] int64, lens [B] int64
 //   out    [B, kv_heads * G, D]  float32
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+
+#include "kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -84,21 +89,20 @@ void decode_request(const T* q, const T* k, const T* v, const int64_t* slots, in
 
 }  // namespace
 
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                           torch::Tensor table, torch::Tensor rows, torch::Tensor lens,
-                           double scale) {
+at::Tensor paged_decode_v1(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table, at::Tensor rows,
+                           at::Tensor lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be 3-d");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "q, k, v must be contiguous");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(), "dtype mismatch");
-  TORCH_CHECK(table.scalar_type() == torch::kInt64 && rows.scalar_type() == torch::kInt64 &&
-              lens.scalar_type() == torch::kInt64, "table, rows, lens must be int64");
+  TORCH_CHECK(table.scalar_type() == at::kLong && rows.scalar_type() == at::kLong &&
+              lens.scalar_type() == at::kLong, "table, rows, lens must be int64");
   TORCH_CHECK(table.is_contiguous() && rows.is_contiguous() && lens.is_contiguous(), "indices must be contiguous");
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t kv_heads = k.size(1);
   TORCH_CHECK(k.size(2) == D && Hq % kv_heads == 0, "head shapes do not match");
   TORCH_CHECK(rows.size(0) == B && lens.size(0) == B, "rows / lens must have one entry per query");
   const int64_t G = Hq / kv_heads;
-  auto out = torch::empty({B, Hq, D}, q.options().dtype(torch::kFloat32));
+  auto out = at::empty({B, Hq, D}, q.options().dtype(at::kFloat));
   const int64_t* table_p = table.data_ptr<int64_t>();
   const int64_t* rows_p = rows.data_ptr<int64_t>();
   const int64_t* lens_p = lens.data_ptr<int64_t>();
@@ -121,8 +125,4 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v,
     });
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention read in place from the paged KV pool");
 }

@@ -1,0 +1,107 @@
+"""The CPU backend: decode and extend attention in C++, read in place from the paged pool.
+
+Both kernels (``csrc/decode.cpp``, ``csrc/extend.cpp``; built once, see
+:mod:`.cpu_ext`) read each request's K/V rows straight from the pool by slot and
+write their rows of the output, so a step copies no K/V beyond the store of its
+new tokens. Decode: blocked online softmax, every query head of a kv head per K/V
+row (GQA), fp32 accumulation. Extend: query tiles x key blocks, bf16 products on
+oneDNN's brgemm (AMX) where the CPU has it, fp32 loops otherwise. ``cpu_v1`` (the
+first kernel, torch for extend) stays as the benchmarks' baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import cpu_ext
+from .base import AttentionBackend, AttentionMetadata
+from .errors import BackendNotAvailable
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """One kind of row (decode or extend) of a step, as its kernel takes them."""
+
+    rows: torch.Tensor  # [B] rows of the slot table
+    prefix: torch.Tensor  # [B] cached tokens
+    extend: torch.Tensor  # [B] new tokens
+    starts: torch.Tensor  # [B] first token in the step's token axis
+
+    @classmethod
+    def select(cls, meta: AttentionMetadata, idx: np.ndarray, starts: np.ndarray) -> _Rows | None:
+        if not len(idx):
+            return None
+        every = len(idx) == len(meta.extend_lens)
+        rows = meta.rows if every else meta.rows[torch.from_numpy(idx)]
+        host = lambda a: torch.from_numpy(np.ascontiguousarray(a[idx], dtype=np.int64))  # noqa: E731
+        return cls(rows.contiguous(), host(meta.prefix_lens), host(meta.extend_lens), host(starts))
+
+
+class CpuAttentionBackend(AttentionBackend):
+    name = "cpu"
+
+    def __init__(self, kv, scale=None) -> None:
+        super().__init__(kv, scale)
+        self._kernel = cpu_ext.load()
+        self._slots: torch.Tensor | None = None
+        self._table = _EMPTY
+        self._decode: _Rows | None = None
+        self._extend: _Rows | None = None
+        self._decode_tokens = _EMPTY  # empty: request b's token is token b
+        self._decode_lens = _EMPTY
+        self.use_brgemm = True  # bf16 extend on oneDNN's brgemm where usable; False: the fp32 loops
+
+    @classmethod
+    def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
+        if torch.device(device).type != "cpu":
+            raise BackendNotAvailable(f"the {cls.name} attention backend runs on the CPU only")
+        if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise BackendNotAvailable(f"the {cls.name} attention backend does not support {dtype}")
+        cpu_ext.load()
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        ext = meta.extend_lens
+        starts = np.cumsum(ext) - ext
+        self._slots = meta.out_slots
+        self._table = meta.slot_table.contiguous()
+        self._decode = _Rows.select(meta, np.flatnonzero(ext == 1), starts)
+        self._extend = _Rows.select(meta, np.flatnonzero(ext > 1), starts)
+        every = self._decode is not None and len(self._decode.rows) == len(ext)
+        self._decode_tokens = _EMPTY if every or self._decode is None else self._decode.starts
+        self._decode_lens = _EMPTY if self._decode is None else self._decode.prefix + 1
+        self._check_slots(meta)
+
+    def _check_slots(self, meta: AttentionMetadata) -> None:
+        """The kernels read slots unchecked: make sure, once per step, that each is in the pool."""
+        seq = torch.from_numpy(np.ascontiguousarray(meta.seq_lens, dtype=np.int64))
+        if not len(seq):
+            return
+        width = int(seq.max())
+        if width > self._table.shape[1]:
+            raise ValueError("a request is longer than the slot table")
+        used = self._table[meta.rows, :width]
+        valid = torch.arange(width) < seq[:, None]
+        if bool((valid & ((used < 0) | (used >= self.kv.num_slots))).any()):
+            raise ValueError("slot table holds slots outside the KV pool")
+
+    def forward(self, layer, q, k, v, out=None):
+        assert self._slots is not None, "prepare() must run before forward()"
+        self.kv.store(layer, self._slots, k, v)
+        q = q.contiguous()
+        target = out if out is not None and out.is_contiguous() else torch.empty_like(q)
+        kp, vp = self.kv.k[layer], self.kv.v[layer]
+        if (d := self._decode) is not None:
+            self._kernel.paged_decode(q, kp, vp, self._table, d.rows, self._decode_lens, self._decode_tokens,
+                                      self.scale, target)
+        if (e := self._extend) is not None:
+            self._kernel.paged_extend(q, kp, vp, self._table, e.rows, e.prefix, e.extend, e.starts, self.scale, target,
+                                      self.use_brgemm)
+        if out is not None and target is not out:
+            out.copy_(target)
+            return out
+        return target

@@ -1,0 +1,143 @@
+// Extend attention (prefill over a cached prefix) read in place from the paged KV pool.
+//
+// Request b's tokens starts[b] .. starts[b] + extend[b] - 1 sit at positions
+// prefix[b] + j and attend causally to keys 0 .. prefix[b] + j, whose slots are
+// table[rows[b], :] (the new tokens' K/V are already stored). A work item is one
+// request, one kv head and a tile of kTileQ query tokens: its G query heads stacked
+// into M = kTileQ * G rows (row r = token r / G, head r % G), so each key block is
+// read once for all of them. Flash-attention style: per block of kTileK keys the
+// scores S = Q K^T, an online softmax, O += P V, all in fp32. The two products are
+// matmul-shaped: bf16 on AMX through oneDNN's brgemm (tiles.h), else fp32 loops.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels.h"
+#include "tiles.h"
+#include "vec.h"
+
+namespace {
+
+using rmk::kTileK;
+#ifndef RMK_TILE_Q
+#define RMK_TILE_Q 32
+#endif
+constexpr int64_t kTileQ = RMK_TILE_Q;
+
+struct Item {
+  int64_t b, head, q0, nq;
+};
+
+struct Shape {
+  int64_t kv_heads, G, D, Hq, stride;
+  float scale;
+};
+
+// Row r's keys end before limit[r] (exclusive); mask the block [k0, k0 + n) and fold in
+// the online softmax: P in place of S, O rescaled, running max / sum updated.
+void softmax_block(float* S, float* O, float* mx, float* sum, const int64_t* limit, int64_t M, int64_t k0,
+                   int64_t n, int64_t D, float scale) {
+  for (int64_t r = 0; r < M; ++r) {
+    float* s = S + r * kTileK;
+    const int64_t valid = std::clamp<int64_t>(limit[r] - k0, 0, n);
+    const float m = valid ? std::max(mx[r], rmk::block_max(s, valid, scale)) : mx[r];
+    const float corr = std::exp(mx[r] - m);
+    const float add = valid ? rmk::block_exp(s, valid, scale, m) : 0.0f;
+    std::fill(s + valid, s + kTileK, 0.0f);
+    sum[r] = sum[r] * corr + add;
+    mx[r] = m;
+    if (corr == 1.0f) continue;
+    float* o = O + r * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) o[d] *= corr;
+  }
+}
+
+template <typename T, typename Tiles>
+void extend_item(const Item& it, const T* q, const T* k, const T* v, const int64_t* slots, int64_t prefix,
+                 int64_t start, const Shape& s, T* out, Tiles& tiles) {
+  const int64_t G = s.G, D = s.D, M = it.nq * G, row = s.kv_heads * D;
+  tiles.begin(M, D);
+  std::vector<int64_t> limit(M);
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t j = it.q0 + r / G;  // token j of the request
+    limit[r] = prefix + j + 1;
+    tiles.load_q(r, q + ((start + j) * s.Hq + it.head * G + r % G) * D);
+  }
+  const int64_t end = prefix + it.q0 + it.nq;
+  const T* kh = k + it.head * D;
+  const T* vh = v + it.head * D;
+  for (int64_t k0 = 0; k0 < end; k0 += kTileK) {
+    const int64_t n = std::min(kTileK, end - k0);
+    tiles.load_kv(kh, vh, slots, k0, n, row);
+    tiles.scores();
+    softmax_block(tiles.S, tiles.O, tiles.mx, tiles.sum, limit.data(), M, k0, n, D, s.scale);
+    tiles.accumulate();
+  }
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t j = it.q0 + r / G;
+    rmk::narrow(out + ((start + j) * s.Hq + it.head * G + r % G) * D, tiles.O + r * D, D, 1.0f / tiles.sum[r]);
+  }
+}
+
+std::vector<Item> plan_items(const int64_t* extend, int64_t B, int64_t kv_heads) {
+  std::vector<Item> items;
+  // NOTE: a (request, head)'s tiles in a row, so a thread packs its key blocks once (tiles.h)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < kv_heads; ++h)
+      for (int64_t q0 = 0; q0 < extend[b]; q0 += kTileQ) items.push_back({b, h, q0, std::min(kTileQ, extend[b] - q0)});
+  return items;
+}
+
+template <typename T, typename Tiles>
+void run_items(const std::vector<Item>& items, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const int64_t* table, const int64_t* rows, const int64_t* prefix, const int64_t* starts,
+               const Shape& s, at::Tensor& out) {
+  const T* q_p = q.data_ptr<T>();
+  const T* k_p = k.data_ptr<T>();
+  const T* v_p = v.data_ptr<T>();
+  T* o_p = out.data_ptr<T>();
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    Tiles tiles(kTileQ * s.G, s.D);
+    for (int64_t i = begin; i < end; ++i) {
+      const Item& it = items[i];
+      extend_item<T, Tiles>(it, q_p, k_p, v_p, table + rows[it.b] * s.stride, prefix[it.b], starts[it.b], s, o_p,
+                            tiles);
+    }
+    tiles.release();
+  });
+}
+
+}  // namespace
+
+bool amx_bf16_available() { return rmk::brgemm_usable(); }
+
+void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                       const at::Tensor& rows, const at::Tensor& prefix, const at::Tensor& extend,
+                       const at::Tensor& starts, double scale, at::Tensor& out, bool allow_brgemm) {
+  check_pool_args(q, k, v, table, out);
+  for (const auto* t : {&rows, &prefix, &extend, &starts}) check_index(*t, "rows, prefix, extend, starts");
+  const int64_t B = rows.size(0);
+  TORCH_CHECK(prefix.size(0) == B && extend.size(0) == B && starts.size(0) == B, "one entry per request");
+  const int64_t *rows_p = rows.data_ptr<int64_t>(), *pre_p = prefix.data_ptr<int64_t>();
+  const int64_t *ext_p = extend.data_ptr<int64_t>(), *st_p = starts.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(rows_p[b] >= 0 && rows_p[b] < table.size(0) && pre_p[b] >= 0 && ext_p[b] >= 1 &&
+                pre_p[b] + ext_p[b] <= table.size(1) && st_p[b] >= 0 && st_p[b] + ext_p[b] <= q.size(0),
+                "request ", b, ": row, lengths or start out of range");
+  const int64_t kv_heads = k.size(1);
+  const Shape s{kv_heads, q.size(1) / kv_heads, q.size(2), q.size(1), table.size(1), static_cast<float>(scale)};
+  const auto items = plan_items(ext_p, B, kv_heads);
+  const int64_t* table_p = table.data_ptr<int64_t>();
+  if (q.scalar_type() == at::kBFloat16 && s.D % 32 == 0 && allow_brgemm && rmk::brgemm_usable()) {
+    run_items<at::BFloat16, rmk::AmxTiles>(items, q, k, v, table_p, rows_p, pre_p, st_p, s, out);
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_extend", [&] {
+    run_items<scalar_t, rmk::LoopTiles<scalar_t>>(items, q, k, v, table_p, rows_p, pre_p, st_p, s, out);
+  });
+}

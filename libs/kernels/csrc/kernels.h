@@ -1,0 +1,33 @@
+// The attention kernels' entry points (bound in module.cpp) and their argument checks.
+#pragma once
+
+#include <ATen/ATen.h>
+
+// v1: the first decode kernel (fp32 output), kept as the benchmarks' baseline
+at::Tensor paged_decode_v1(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table, at::Tensor rows,
+                           at::Tensor lens, double scale);
+
+void paged_decode_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                       const at::Tensor& rows, const at::Tensor& lens, const at::Tensor& tokens, double scale,
+                       at::Tensor& out);
+
+void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                       const at::Tensor& rows, const at::Tensor& prefix, const at::Tensor& extend,
+                       const at::Tensor& starts, double scale, at::Tensor& out, bool allow_brgemm);
+
+bool amx_bf16_available();
+
+inline void check_index(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.dim() == 1, name, " must be contiguous 1-d int64");
+}
+
+inline void check_pool_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                            const at::Tensor& out) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && out.sizes() == q.sizes(), "q, out [T, H, D]; k, v [S, Hkv, D]");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && out.is_contiguous(),
+              "q, k, v, out must be contiguous");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
+              out.scalar_type() == q.scalar_type(), "q, k, v, out must share a dtype");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == q.size(2) && q.size(1) % k.size(1) == 0, "head shapes do not match");
+  TORCH_CHECK(table.scalar_type() == at::kLong && table.is_contiguous() && table.dim() == 2, "table must be 2-d int64");
+}

@@ -1,0 +1,11 @@
+// The Python module: every CPU attention kernel of this folder.
+#include <torch/extension.h>
+
+#include "kernels.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_v1", &paged_decode_v1, "v1 decode attention from the paged KV pool (fp32 output)");
+  m.def("paged_decode", &paged_decode_into, "decode attention from the paged KV pool, into out");
+  m.def("paged_extend", &paged_extend_into, "causal extend attention over a cached prefix from the pool, into out");
+  m.def("amx_bf16", &amx_bf16_available, "whether bf16 products run on oneDNN's brgemm (AMX)");
+}
