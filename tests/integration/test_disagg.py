@@ -176,3 +176,22 @@ async def test_a_peer_of_another_kv_layout_is_refused_at_pairing(pd):
         await bus.close()
     assert err.value.code == "config_mismatch" and err.value.status == 409
     assert "bfloat16" in err.value.message and "float32" in err.value.message
+
+
+async def test_a_killed_decode_worker_resumes_its_streams_elsewhere(pd, stack):
+    """The existing resume path: with the only decode worker gone, the prefill worker
+    serves the streams alone (a prefill-only worker serves when nothing else is live)."""
+    ids = await aroles(pd)
+    texts = [f"Tell me about harbor number {i} in two sentences." for i in range(4)]
+    async with httpx.AsyncClient(base_url=stack.url, timeout=300) as client:
+        want = [(await generate(client, t, 64))["output_ids"] for t in texts]
+    before = (await StackBus(pd).sched_stats(ids["p"])).tokens_generated
+    async with httpx.AsyncClient(base_url=pd.url, timeout=300) as client:
+        tasks = [asyncio.create_task(generate(client, t, 64)) for t in texts]
+        await asyncio.sleep(1.5)
+        decode = next(p for p in pd.procs if p.name == "gpu_worker-1")
+        decode.popen.kill()
+        got = await asyncio.gather(*tasks)
+    assert [g["output_ids"] for g in got] == want
+    # NOTE: the prefill worker finished them: it decoded tokens of its own
+    assert (await StackBus(pd).sched_stats(ids["p"])).tokens_generated > before
