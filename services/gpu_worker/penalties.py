@@ -12,8 +12,9 @@ Semantics (what vLLM does, so a request samples the same in either):
 
 State per table row: the features it uses (host mirrors, so a batch without
 them costs one numpy lookup) and, per feature, one [max_requests, vocab] device
-table allocated on first use (output counts int32, tokens seen bool, bias
-float32, ids masked until min_tokens bool). A row's counts start from the ids its
+table allocated on first use (output counts int32, the frequency / presence
+offsets float32, bias float32, ids masked until min_tokens bool; the tokens a
+repetition penalty covers: :mod:`.seen_tokens`, gathered and scattered only). A row's counts start from the ids its
 ``NewRow.extras`` brings (a retracted or moved request: its prompt and output so
 far) and grow by the row's kept samples, one ``index_put_`` per step.
 """
@@ -28,6 +29,8 @@ import torch
 from libs.protocol.errors import invalid_request
 from libs.protocol.messages import NewRow, SamplingExtras
 
+from .seen_tokens import SeenTokens
+
 
 class Penalties:
     def __init__(self, max_requests: int, vocab_size: int, eos_ids: list[int], device) -> None:
@@ -35,6 +38,8 @@ class Penalties:
         self.eos = np.asarray(sorted(set(eos_ids)), dtype=np.int64)
         self.device = torch.device(device)
         self.counted = np.zeros(max_requests, dtype=bool)  # a presence/frequency/repetition penalty
+        self.repeats = np.zeros(max_requests, dtype=bool)  # a repetition penalty
+        self.offsets = np.zeros(max_requests, dtype=bool)  # a presence or frequency penalty
         self.biased = np.zeros(max_requests, dtype=bool)
         self.min_until = np.zeros(max_requests, dtype=np.int64)  # end ids banned while seq_len < this
         self.sample_from = np.zeros(max_requests, dtype=np.int64)
@@ -42,6 +47,7 @@ class Penalties:
         self.frequency = torch.zeros(max_requests, device=self.device)
         self.repetition = torch.ones(max_requests, device=self.device)
         self._tables: dict[str, torch.Tensor] = {}
+        self._seen: SeenTokens | None = None
 
     def table(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """The [max_requests, vocab] table ``name``, allocated (zeros) on first use."""
@@ -55,7 +61,7 @@ class Penalties:
         if not new_rows:
             return
         rows = np.array([r.row for r in new_rows], dtype=np.int64)
-        self.counted[rows] = self.biased[rows] = False
+        self.counted[rows] = self.repeats[rows] = self.offsets[rows] = self.biased[rows] = False
         self.min_until[rows] = 0
         extra = [(r.row, r.extras) for r in new_rows if r.extras is not None]
         if not extra:
@@ -75,16 +81,23 @@ class Penalties:
         self.presence[idx] = _floats([ex.presence for ex in exs], self.device)
         self.frequency[idx] = _floats([ex.frequency for ex in exs], self.device)
         self.repetition[idx] = _floats([ex.repetition for ex in exs], self.device)
-        counts, seen = self.table("counts", torch.int32), self.table("seen", torch.bool)
+        counts = self.table("counts", torch.int32)
         counts[idx] = 0
-        seen[idx] = False
         out_r, out_t = self._flat(rows, [ex.output_ids for ex in exs])
         counts.index_put_((out_r, out_t), torch.ones_like(out_t, dtype=torch.int32), accumulate=True)
-        seen[out_r, out_t] = True
-        seen_r, seen_t = self._flat(rows, [ex.prompt_ids for ex in exs])
-        seen[seen_r, seen_t] = True
+        offsets = np.array([bool(ex.presence or ex.frequency) for ex in exs])
+        if offsets.any():  # NOTE: freq * count + presence * (count > 0), kept up to date per sample
+            at = idx[torch.from_numpy(offsets).to(self.device)]
+            c = counts[at].float()
+            self.table("offset", torch.float32)[at] = (self.frequency[at][:, None] * c
+                                                       + self.presence[at][:, None] * (c > 0))
+        repeats = np.array([ex.repetition != 1.0 for ex in exs])
+        if repeats.any():
+            self._seen = self._seen or SeenTokens(*self.shape, self.device)
+            self._seen.reset(rows[repeats], [ex.prompt_ids + ex.output_ids
+                                             for ex, on in zip(exs, repeats) if on])
         self.sample_from[rows] = [ex.sample_from for ex in exs]
-        self.counted[rows] = True
+        self.counted[rows], self.offsets[rows], self.repeats[rows] = True, offsets, repeats
 
     def _set_bias(self, rows: np.ndarray, exs: list[SamplingExtras]) -> None:
         on = np.array([bool(ex.bias_ids) for ex in exs], dtype=bool)
@@ -128,15 +141,13 @@ class Penalties:
         if len(which):
             _update(logits, which, lambda x, r: x.masked_fill(self._tables["ends"][r], -math.inf),
                     rows, self.device)
-        which = np.flatnonzero(self.counted[rows])
+        which = np.flatnonzero(self.repeats[rows])  # NOTE: repetition first, as vLLM
         if len(which):
-            _update(logits, which, self._penalise, rows, self.device)
-
-    def _penalise(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-        rep = self.repetition[r][:, None]
-        x = torch.where(self._tables["seen"][r], torch.where(x > 0, x / rep, x * rep), x)
-        counts = self._tables["counts"][r].to(x.dtype)
-        return x - self.frequency[r][:, None] * counts - self.presence[r][:, None] * (counts > 0)
+            _update(logits, which, lambda x, r: self._seen.penalise(x, r, self.repetition[r]),
+                    rows, self.device)
+        which = np.flatnonzero(self.offsets[rows])
+        if len(which):
+            _update(logits, which, lambda x, r: x - self._tables["offset"][r], rows, self.device)
 
     def update(self, rows: np.ndarray, seq_lens: np.ndarray, tokens: torch.Tensor) -> None:
         """Count each penalised row's sampled token, if that sample is kept."""
@@ -145,8 +156,18 @@ class Penalties:
             return
         r = torch.from_numpy(rows[which]).to(self.device)
         t = tokens[torch.from_numpy(which).to(tokens.device)].to(self.device)
-        self._tables["counts"].index_put_((r, t), torch.ones_like(t, dtype=torch.int32), accumulate=True)
-        self._tables["seen"][r, t] = True
+        counts = self._tables["counts"]
+        counts.index_put_((r, t), torch.ones_like(t, dtype=torch.int32), accumulate=True)
+        off = self.offsets[rows[which]]
+        if off.any():
+            at = torch.from_numpy(np.flatnonzero(off)).to(self.device)
+            ro, to = r[at], t[at]
+            c = counts[ro, to].float()
+            self._tables["offset"][ro, to] = self.frequency[ro] * c + self.presence[ro] * (c > 0)
+        rep = self.repeats[rows[which]]
+        if rep.any():
+            at = torch.from_numpy(np.flatnonzero(rep)).to(self.device)
+            self._seen.add(rows[which][rep], r[at], t[at])
 
 
 def _counted(ex: SamplingExtras) -> bool:
@@ -180,6 +201,8 @@ def check_extras(new_rows: list[NewRow], vocab_size: int) -> None:
         _check(ex.min_tokens >= 0 and ex.prompt_len >= 0 and ex.sample_from >= 0,
                "new_rows.extras: min_tokens, prompt_len and sample_from must be >= 0")
         _check(len(ex.bias_ids) == len(ex.bias_values), "new_rows.extras: one bias value per bias id")
+        _check(ex.repetition == 1.0 or bool(ex.prompt_ids or ex.output_ids),
+               "new_rows.extras: a repetition penalty needs the prompt_ids it covers")
         ids = np.asarray([*ex.bias_ids, *ex.prompt_ids, *ex.output_ids], dtype=np.int64)
         _check(not len(ids) or (int(ids.min()) >= 0 and int(ids.max()) < vocab_size),
                f"new_rows.extras: token id out of range [0, {vocab_size})")

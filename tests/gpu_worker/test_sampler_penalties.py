@@ -162,9 +162,26 @@ def test_no_extras_allocates_nothing():
     (dict(min_p=1.5), "min_p in [0, 1]"),
     (dict(presence=math.nan), "finite"),
     (dict(min_tokens=-1), ">= 0"),
+    (dict(repetition=1.5), "needs the prompt_ids"),
 ])
 def test_bad_extras_are_refused(extras, message):
     from libs.protocol.messages import SamplingExtras
 
     with pytest.raises(ServiceError, match=message.replace("[", r"\[").replace("]", r"\]")):
         check_extras([NewRow(row=0, **FREE, extras=SamplingExtras(**extras))], V)
+
+
+def test_the_seen_tokens_outgrow_their_table():
+    gen = torch.Generator().manual_seed(7)
+    prompt = torch.randperm(V, generator=gen)[:60].tolist()  # 60 distinct: the 64-column table
+    out = torch.randperm(V, generator=gen)[:50].tolist()  # some of them new: it grows
+    p = Penalties(R, V, EOS, "cpu")
+    p.set_rows([_row(2, prompt, repetition_penalty=1.7), _row(3, prompt[:5], repetition_penalty=0.5)])
+    for i, tok in enumerate(out):
+        p.update(np.array([2, 3]), np.array([60 + i, 5 + i]), torch.tensor([tok, tok]))
+    assert p._seen.cap > 64
+    logits = torch.randn(2, V, generator=gen) * 3
+    got = _apply(p, logits, [2, 3], [110, 55])
+    for i, (ids, pen) in enumerate(((prompt + out, 1.7), (prompt[:5] + out, 0.5))):
+        want = RepetitionPenaltyLogitsProcessor(pen)(torch.tensor([ids]), logits[i:i + 1].clone())
+        torch.testing.assert_close(got[i], want[0])
