@@ -18,6 +18,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from .buffer import HEADER_BYTES, KVBuffer, pack_header
 from .crc import crc32_combine, crc32_tail
 from .errors import ChecksumMismatch, SizeMismatch
@@ -89,7 +91,9 @@ class Assembly:
         self.total_bytes = total_bytes
         if -(-total_bytes // count) < HEADER_BYTES:
             raise SizeMismatch(f"chunks of {total_bytes // count} bytes cannot hold the {HEADER_BYTES}-byte header")
-        self.data = bytearray(total_bytes)
+        # NOTE: not zeroed (bytearray(n) would memset every byte first: ~1 ms per MB here);
+        # every byte is written by its chunk before the buffer is read
+        self.data = memoryview(np.empty(total_bytes, dtype=np.uint8)).cast("B")
         self._have = bytearray(count)  # 1 per chunk received
         self._crcs = [0] * count
         self.received = 0
@@ -130,7 +134,7 @@ class Assembly:
     def _payload_crc(self) -> int:
         total, count = self.total_bytes, self.count
         _, stop = chunk_span(0, count, total)
-        header = zlib.crc32(memoryview(self.data)[:HEADER_BYTES])
+        header = zlib.crc32(self.data[:HEADER_BYTES])
         crc = crc32_tail(self._crcs[0], header, stop - HEADER_BYTES)
         for i in range(1, count):
             start, stop = chunk_span(i, count, total)
