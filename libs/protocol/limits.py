@@ -10,3 +10,7 @@ MAX_TOP_LOGPROBS = 20
 # the cache index and the gateway's own load view stop routing to one whose load reports stop
 # (workers announce every 1 s, schedulers report load every 0.5 s)
 WORKER_LIVENESS_S = 3.0
+
+# the shared KV store's JetStream bucket: workers put and fetch pages there, the cache
+# index watches its keys (libs.transfer.jetstream_store)
+KV_STORE_BUCKET = "radixmesh-kv"

@@ -203,6 +203,10 @@ class LoadReport(Base, tag="load.v1"):
     session: str = ""  # random per adoption: a new value means earlier requests were lost
     role: str = "both"  # WorkerInfo.role
     kv_layout: str = ""  # WorkerInfo.kv_layout: prefill and decode peers must match
+    # the shared store (L3): the key prefix of this worker's pages ("<model>.<kv dtype>";
+    # "": no store) and its measured fetch rate in tokens/s (0: not measured yet)
+    store_prefix: str = ""
+    store_load_tps: float = 0.0
 
 
 class WorkerSummary(Base):

@@ -24,12 +24,14 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import api
 from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
+from libs.protocol.limits import KV_STORE_BUCKET
+
 from .errors import StoreError, StoreUnavailable
 from .store import PageSpec, PageStore
 
 log = logging.getLogger("radixmesh.store")
 
-DEFAULT_BUCKET = "radixmesh-kv"
+DEFAULT_BUCKET = KV_STORE_BUCKET
 DEFAULT_MAX_BYTES = 4 << 30
 _STREAM_IN_USE = 10058  # JetStream: stream name already in use with a different configuration
 _NO_MESSAGE = 10037

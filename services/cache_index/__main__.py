@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 
-from libs.protocol.limits import WORKER_LIVENESS_S
+from libs.protocol.limits import KV_STORE_BUCKET, WORKER_LIVENESS_S
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
@@ -23,12 +24,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--policy", choices=sorted(POLICIES), default="cache_aware")
     p.add_argument("--liveness-s", type=float, default=WORKER_LIVENESS_S,
                    help="a worker without a load report for this long leaves the routing set")
+    p.add_argument("--kv-store-bucket", default=os.environ.get("RADIXMESH_KV_STORE_BUCKET", KV_STORE_BUCKET),
+                   help="the workers' shared KV store bucket (JetStream KV on this broker), watched once "
+                        "it exists: its pages are credited at each worker's measured fetch rate "
+                        "(\"\": do not watch)")
     args = p.parse_args(argv)
     setup_logging("cache_index", args.log_level)
     serve_metrics(args.metrics_port, args.metrics_host)
 
     async def body(ctx: ServiceContext) -> None:
-        await CacheIndex(ctx, args.policy, Registry(liveness_s=args.liveness_s)).start()
+        await CacheIndex(ctx, args.policy, Registry(liveness_s=args.liveness_s),
+                         args.kv_store_bucket).start()
 
     asyncio.run(run_service("cache_index", common_config(args), body))
 

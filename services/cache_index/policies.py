@@ -23,6 +23,7 @@ from .registry import WorkerState
 
 DEFAULT_PREFILL_TPS = 500.0  # until a worker has measured its own
 HOST_LOAD_SPEEDUP = 10.0  # until then a host-tier load counts as this much faster than prefill
+STORE_SPEEDUP = 10.0  # and a shared-store fetch (the scheduler assumes the same: store_tier.py)
 BALANCE_ABS = 16  # the preferred worker's load exceeds the least-loaded one's by this ...
 BALANCE_REL = 2.0  # ... and by this ratio: route least-loaded instead
 
@@ -35,6 +36,7 @@ class Candidate:
     queued_tokens: int  # prefill tokens ahead of this request
     score: float = 0.0  # seconds: predicted TTFT + recomputation cost
     cached_host: int = 0  # further prompt tokens in its host tier (loaded back, not computed)
+    cached_store: int = 0  # further prompt tokens in the shared store (fetched, not computed)
 
     @property
     def worker_id(self) -> str:
@@ -48,14 +50,19 @@ def predict_ttft(c: Candidate, num_tokens: int) -> float:
     report = c.state.report
     rate = report.prefill_tps or DEFAULT_PREFILL_TPS
     load_rate = report.host_load_tps or HOST_LOAD_SPEEDUP * rate
-    computed = num_tokens - c.cached - c.cached_host
-    return ((c.queued_tokens + computed) / rate + c.cached_host / load_rate
-            + report.decode_step_s)
+    store_rate = report.store_load_tps or STORE_SPEEDUP * rate
+    return ((c.queued_tokens + computed(c, num_tokens)) / rate + c.cached_host / load_rate
+            + c.cached_store / store_rate + report.decode_step_s)
+
+
+def computed(c: Candidate, num_tokens: int) -> int:
+    """Prompt tokens the worker would compute: those in none of its tiers."""
+    return num_tokens - c.cached - c.cached_host - c.cached_store
 
 
 def score(c: Candidate, num_tokens: int) -> float:
     rate = c.state.report.prefill_tps or DEFAULT_PREFILL_TPS
-    return predict_ttft(c, num_tokens) + (num_tokens - c.cached - c.cached_host) / rate
+    return predict_ttft(c, num_tokens) + computed(c, num_tokens) / rate
 
 
 def least_load(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:

@@ -12,6 +12,7 @@ from libs.protocol.messages import RouteRequest
 from .policies import POLICIES, Candidate, score
 from .prefix_index import PrefixIndex, prompt_hashes
 from .registry import Registry
+from .store_pages import StorePages
 
 log = logging.getLogger("cache_index.router")
 
@@ -32,6 +33,7 @@ class Decision(NamedTuple):
             "radixmesh.route.candidates": [x.worker_id for x in c],
             "radixmesh.route.cached_tokens": [x.cached for x in c],
             "radixmesh.route.host_tokens": [x.cached_host for x in c],
+            "radixmesh.route.store_tokens": [x.cached_store for x in c],
             "radixmesh.route.load": [x.load for x in c],
             "radixmesh.route.queued_tokens": [x.queued_tokens for x in c],
             "radixmesh.route.score": [x.score for x in c],
@@ -40,13 +42,15 @@ class Decision(NamedTuple):
 
 
 class Router:
-    def __init__(self, registry: Registry, index: PrefixIndex, policy: str) -> None:
+    def __init__(self, registry: Registry, index: PrefixIndex, policy: str,
+                 store: StorePages | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
         self.registry = registry
         self.index = index
         self.policy_name = policy
         self.policy = POLICIES[policy]()
+        self.store = store  # pages in the shared store (L3), from a watch on its bucket
 
     def route(self, req: RouteRequest) -> Decision:
         """The worker that serves ``req``: a colocated or decode worker (a prefill-only
@@ -81,8 +85,12 @@ class Router:
             booked = state.live_bookings(now)
             unreported = state.unreported(now)
             device, host = self.index.cached_split(wid, hashes[page], [b.hashes for b in booked])
+            stored = 0
+            if self.store is not None and state.report.store_prefix:
+                rest = hashes[page][(device + host) // page:]
+                stored = self.store.leading(state.report.store_prefix, rest) * page
             cand = Candidate(
-                state=state, cached=device, cached_host=host,
+                state=state, cached=device, cached_host=host, cached_store=stored,
                 load=len(unreported) + state.report.running + state.report.waiting,
                 queued_tokens=state.report.queued_prefill_tokens
                 + sum(b.tokens for b in unreported),
@@ -95,7 +103,7 @@ class Router:
         chosen = self.policy(cands, req.num_tokens, self._key(req))
         page = self.index.page_size(chosen.worker_id)
         self.registry.book(chosen.worker_id, req.rid,
-                           req.num_tokens - chosen.cached - chosen.cached_host,
+                           req.num_tokens - chosen.cached - chosen.cached_host - chosen.cached_store,
                            frozenset(hashes[page]))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route %s (%d tokens) -> %s (%s) [(worker, cached, load, queued, score)] %s",

@@ -20,6 +20,7 @@ from .policies import predict_ttft
 from .prefix_index import PrefixIndex
 from .registry import Registry
 from .router import Router
+from .store_pages import StorePages, watch_bucket
 
 log = logging.getLogger("cache_index")
 _tracer = trace.get_tracer("radixmesh.cache_index")
@@ -36,11 +37,14 @@ RESYNCS = Counter("radixmesh:kv_index_resyncs", "Snapshots fetched to resync a w
 
 
 class CacheIndex:
-    def __init__(self, ctx: ServiceContext, policy: str, registry: Registry) -> None:
+    def __init__(self, ctx: ServiceContext, policy: str, registry: Registry,
+                 store_bucket: str = "") -> None:
         self.ctx = ctx
         self.registry = registry
         self.index = PrefixIndex()
-        self.router = Router(registry, self.index, policy)
+        self.store_bucket = store_bucket
+        self.store = StorePages() if store_bucket else None
+        self.router = Router(registry, self.index, policy, self.store)
         self._syncing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 
@@ -52,6 +56,9 @@ class CacheIndex:
         await bus.subscribe(s.index_release(), self._on_release, ReleaseRequest)
         await bus.subscribe(s.index_workers(), self._on_workers, WorkersRequest)
         self.ctx.detail["policy"] = self.router.policy_name
+        if self.store is not None:  # NOTE: credits pages in the shared store when routing
+            task = asyncio.create_task(watch_bucket(bus.nc, self.store_bucket, self.store))
+            self.ctx.stack.callback(task.cancel)
 
     async def _on_load(self, report: LoadReport) -> None:
         LOAD_REPORT_LAG.observe(max(0.0, time.time() - report.ts))

@@ -39,6 +39,11 @@ class StoreKeys:
     def keys(self, hashes: list[int]) -> list[str]:
         return [page_key(self.model, self.kv_dtype, h) for h in hashes]
 
+    @property
+    def prefix(self) -> str:
+        """What every key of this worker's pages starts with (before the page hash)."""
+        return page_key(self.model, self.kv_dtype, 0).rsplit(".", 1)[0]
+
 
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 
