@@ -87,7 +87,7 @@ class Penalties:
         counts.index_put_((out_r, out_t), torch.ones_like(out_t, dtype=torch.int32), accumulate=True)
         offsets = np.array([bool(ex.presence or ex.frequency) for ex in exs])
         if offsets.any():  # NOTE: freq * count + presence * (count > 0), kept up to date per sample
-            at = idx[torch.from_numpy(offsets).to(self.device)]
+            at = torch.from_numpy(rows[offsets]).to(self.device)
             c = counts[at].float()
             self.table("offset", torch.float32)[at] = (self.frequency[at][:, None] * c
                                                        + self.presence[at][:, None] * (c > 0))
