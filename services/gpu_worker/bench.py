@@ -4,9 +4,11 @@ Each request starts with a ``--context``-token KV already in place (the table
 rows are filled directly: KV content does not change the cost), then every
 step decodes one token for the whole batch.
 
-A system is ``dtype:mode:threads``: mode ``eager`` (the default runner: bf16
+A system is ``dtype:mode:threads[:attention]``: mode ``eager`` (the default runner: bf16
 weights packed for oneDNN where it has bf16), ``plain`` (eager, unpacked) or
-``compiled``; by default fp32 and bf16, eager and compiled, at ``--threads``. The systems take turns batch
+``compiled``; attention an attention backend by name (default ``auto``; e.g.
+``cpu_v1``, the first C++ kernel, against ``cpu``); by default fp32 and bf16, eager
+and compiled, at ``--threads``. The systems take turns batch
 by batch, round after round, and the table reports medians: this machine is
 noisy (shared, the second vCPU sometimes delivers little), so only ratios taken
 in one run mean anything.
@@ -46,16 +48,22 @@ def bench_decode(runner: ModelRunner, batch: int, context: int, steps: int, warm
     return (time.perf_counter() - start) / steps
 
 
-def parse_system(text: str) -> tuple[str, str, int]:
-    dtype, mode, threads = text.split(":")
+def parse_system(text: str) -> tuple[str, str, int, str]:
+    dtype, mode, threads, *attention = text.split(":")
     dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(dtype, dtype)
-    if dtype not in SHORT or mode not in ("eager", "plain", "compiled"):
-        raise argparse.ArgumentTypeError(f"system {text!r}: want dtype:eager|plain|compiled:threads")
-    return dtype, mode, int(threads)
+    if dtype not in SHORT or mode not in ("eager", "plain", "compiled") or len(attention) > 1:
+        raise argparse.ArgumentTypeError(f"system {text!r}: want dtype:eager|plain|compiled:threads[:attention]")
+    return dtype, mode, int(threads), attention[0] if attention else "auto"
 
 
-def label(system: tuple[str, str, int]) -> str:
-    return f"{SHORT[system[0]]} {system[1]} {system[2]}t"
+def label(system: tuple[str, str, int, str]) -> str:
+    attention = "" if system[3] == "auto" else f" {system[3]}"
+    return f"{SHORT[system[0]]} {system[1]} {system[2]}t{attention}"
+
+
+def _key(system: tuple[str, str, int, str]) -> tuple[str, str, str]:
+    """What a runner is built for (the thread count is set per measurement)."""
+    return system[0], system[1], system[3]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,13 +80,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.systems:
         systems = [parse_system(s) for s in args.systems.split(",")]
     else:
-        systems = [(d, m, int(t)) for t in args.threads.split(",") for d in SHORT for m in ("eager", "compiled")]
+        systems = [(d, m, int(t), "auto") for t in args.threads.split(",") for d in SHORT for m in ("eager", "compiled")]
     kv_slots = max(batches) * (args.context + args.steps + 3)
-    runners: dict[tuple[str, str], ModelRunner] = {}
-    for dtype, mode in dict.fromkeys(s[:2] for s in systems):
-        runners[dtype, mode] = r = ModelRunner(RunnerConfig(
+    runners: dict[tuple[str, str, str], ModelRunner] = {}
+    for dtype, mode, attention in dict.fromkeys(_key(s) for s in systems):
+        runners[dtype, mode, attention] = r = ModelRunner(RunnerConfig(
             model=str(resolve_model(args.model)), dtype=dtype, kv_slots=kv_slots, max_requests=max(batches),
-            compile=mode == "compiled", compile_sizes=tuple(batches), pack_weights=mode != "plain"))
+            compile=mode == "compiled", compile_sizes=tuple(batches), pack_weights=mode != "plain",
+            attention_backend=attention))
         if r.compiled is not None:
             torch.set_num_threads(systems[0][2])  # NOTE: other thread counts compile in their first warm-up steps
             r.compiled.warm_up(print)
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         for b in batches:
             for s in systems:
                 torch.set_num_threads(s[2])
-                samples[s, b].append(b / bench_decode(runners[s[:2]], b, args.context, args.steps))
+                samples[s, b].append(b / bench_decode(runners[_key(s)], b, args.context, args.steps))
             print(f"round {i + 1}/{args.rounds}: batch {b} done", flush=True)
     print_table({k: statistics.median(v) for k, v in samples.items()}, systems, batches, args)
     print_ceilings(sorted({s[2] for s in systems}), runners)
@@ -96,11 +105,13 @@ def main(argv: list[str] | None = None) -> None:
 def print_table(tps: dict[tuple, float], systems: list, batches: list[int], args) -> None:
     print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} steps, "
           f"median of {args.rounds} interleaved rounds")
+    same = lambda a, b, *fields: all(a[f] == b[f] for f in fields)  # noqa: E731
     ratios = [(c, e) for c in systems for e in systems
-              if (c[1], e[1]) in (("compiled", "eager"), ("eager", "plain")) and (c[0], c[2]) == (e[0], e[2])]
+              if (c[1], e[1]) in (("compiled", "eager"), ("eager", "plain")) and same(c, e, 0, 2, 3)]
     ratios += [(a, b) for a in systems for b in systems
                if a[0] == "bfloat16" and b[0] == "float32" and a[1:] == b[1:]]
-    ratios += [(a, b) for a in systems for b in systems if a[:2] == b[:2] and a[2] > b[2]]
+    ratios += [(a, b) for a in systems for b in systems if same(a, b, 0, 1, 3) and a[2] > b[2]]
+    ratios += [(a, b) for a in systems for b in systems if a[:3] == b[:3] and (a[3], b[3]) == ("cpu", "cpu_v1")]
     head = [label(s) for s in systems] + [f"{label(a)} / {label(b)}" for a, b in ratios]
     print("| batch | " + " | ".join(head) + " |")
     print("|---" * (len(head) + 1) + "|")
@@ -129,7 +140,7 @@ def print_ceilings(threads: list[int], runners: dict) -> None:
     flop = 2 * 64 * 576 * 1536
     src = torch.empty(64 * 2**20, dtype=torch.float32)  # 256 MB
     dst = torch.empty_like(src)
-    weights = {d: _weight_bytes(r) for (d, _), r in runners.items()}
+    weights = {key[0]: _weight_bytes(r) for key, r in runners.items()}
     print("\nceilings measured in this run (best of 5)")
     print("| threads | matmul 64x576 @ 576x1536 fp32 | bf16 | bf16 packed | copy (read + write) |"
           " batch-1 decode at that copy rate: fp32 / bf16 |")
