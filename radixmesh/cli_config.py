@@ -121,7 +121,7 @@ class _Captured(Exception):
         self.parser = parser
 
 
-def service_parser(service: str) -> argparse.ArgumentParser:
+def service_parser(service: str, own_defaults: bool = True) -> argparse.ArgumentParser:
     """The service's own parser, built by its ``__main__`` (which is stopped as it parses)."""
     module = importlib.import_module(f"services.{service}.__main__")
 
@@ -130,12 +130,16 @@ def service_parser(service: str) -> argparse.ArgumentParser:
 
     saved = argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args
     argparse.ArgumentParser.parse_args = argparse.ArgumentParser.parse_known_args = capture
+    # NOTE: the services read RADIXMESH_* into their defaults; here the defaults must be
+    # the services' own (this module layers the environment on top, naming bad values)
+    env = {k: os.environ.pop(k) for k in [k for k in os.environ if own_defaults and k.startswith(ENV_PREFIX)]}
     try:
         getattr(module, SERVICE_PARSERS[service])([])
     except _Captured as got:
         return got.parser
     finally:
         argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = saved
+        os.environ.update(env)
     raise RuntimeError(f"services.{service} did not parse its arguments")
 
 

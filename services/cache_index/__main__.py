@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 
+from libs.protocol.env_flags import env_default
 from libs.protocol.limits import KV_STORE_BUCKET, WORKER_LIVENESS_S
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import (
@@ -17,14 +17,19 @@ from .registry import Registry
 from .service import CacheIndex
 
 
+def env(flag: str, default, kind=str):
+    """RADIXMESH_<FLAG> (RADIXMESH_CACHE_INDEX_<FLAG> first), as ``radixmesh up`` names it."""
+    return env_default("cache_index", flag, default, kind)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="services.cache_index", description=__doc__)
     add_common_args(p, "cache_index")
-    add_metrics_args(p)
-    p.add_argument("--policy", choices=sorted(POLICIES), default="cache_aware")
-    p.add_argument("--liveness-s", type=float, default=WORKER_LIVENESS_S,
+    add_metrics_args(p, "cache_index")
+    p.add_argument("--policy", choices=sorted(POLICIES), default=env("--policy", "cache_aware"))
+    p.add_argument("--liveness-s", type=float, default=env("--liveness-s", WORKER_LIVENESS_S, float),
                    help="a worker without a load report for this long leaves the routing set")
-    p.add_argument("--kv-store-bucket", default=os.environ.get("RADIXMESH_KV_STORE_BUCKET", KV_STORE_BUCKET),
+    p.add_argument("--kv-store-bucket", default=env("--kv-store-bucket", KV_STORE_BUCKET),
                    help="the workers' shared KV store bucket (JetStream KV on this broker), watched once "
                         "it exists: its pages are credited at each worker's measured fetch rate "
                         "(\"\": do not watch)")

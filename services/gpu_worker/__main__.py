@@ -13,6 +13,7 @@ import torch
 
 from libs.kernels import BackendNotAvailable
 from libs.models import ModelNotFoundError, resolve_model, served_name
+from libs.protocol.env_flags import env_default
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import ServiceContext, add_common_args, common_config, run_service, setup_logging
 from libs.protocol.subjects import check_token
@@ -29,45 +30,48 @@ SERVICE = "gpu_worker"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
+    def env(flag: str, default, kind=str):
+        """RADIXMESH_GPU_WORKER_<FLAG>, then RADIXMESH_<FLAG> (radixmesh up's names)."""
+        return env_default(SERVICE, flag, default, kind)
+
     p = argparse.ArgumentParser(prog="python -m services.gpu_worker", description=__doc__)
-    p.add_argument("--model", default=env("RADIXMESH_MODEL", "default"), help='"default" or a local HF directory')
-    p.add_argument("--dtype", default=env("RADIXMESH_DTYPE", "auto"), choices=DTYPE_CHOICES,
+    p.add_argument("--model", default=env("--model", "default"), help='"default" or a local HF directory')
+    p.add_argument("--dtype", default=env("--dtype", "auto"), choices=DTYPE_CHOICES,
                    help="auto: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32")
-    p.add_argument("--kv-slots", type=int, default=int(env("RADIXMESH_KV_SLOTS", "32768")))
-    p.add_argument("--max-requests", type=int, default=int(env("RADIXMESH_MAX_REQUESTS", "256")))
-    p.add_argument("--max-model-len", type=int, default=None, help="default: max_position_embeddings")
-    p.add_argument("--host-kv-slots", type=int, default=int(env("RADIXMESH_HOST_KV_SLOTS", "0")),
+    p.add_argument("--kv-slots", type=int, default=env("--kv-slots", 32768, int))
+    p.add_argument("--max-requests", type=int, default=env("--max-requests", 256, int))
+    p.add_argument("--max-model-len", type=int, default=env("--max-model-len", None, int), help="default: max_position_embeddings")
+    p.add_argument("--host-kv-slots", type=int, default=env("--host-kv-slots", 0, int),
                    help="slots of the host KV pool for device <-> host copies (0: none)")
-    p.add_argument("--kv-store", choices=STORE_KINDS, default=env("RADIXMESH_KV_STORE", "none"),
+    p.add_argument("--kv-store", choices=STORE_KINDS, default=env("--kv-store", "none"),
                    help="shared KV store (L3) for host pages: nats = a JetStream KV bucket on the worker's "
                         "broker (JetStream must be on: nats-server -js); needs --host-kv-slots")
-    p.add_argument("--kv-store-bucket", default=env("RADIXMESH_KV_STORE_BUCKET", StoreConfig.bucket))
-    p.add_argument("--kv-store-url", default=env("RADIXMESH_KV_STORE_URL", ""),
+    p.add_argument("--kv-store-bucket", default=env("--kv-store-bucket", StoreConfig.bucket))
+    p.add_argument("--kv-store-url", default=env("--kv-store-url", ""),
                    help="the store's own NATS server (JetStream on), e.g. a cluster kept for KV; "
                         "default: the worker's broker")
     p.add_argument("--kv-store-max-bytes", type=int,
-                   default=int(env("RADIXMESH_KV_STORE_MAX_BYTES", str(StoreConfig.max_bytes))),
+                   default=env("--kv-store-max-bytes", StoreConfig.max_bytes, int),
                    help="byte limit of the bucket when this worker creates it (full: the oldest pages go)")
-    p.add_argument("--attention-backend", default=env("RADIXMESH_ATTENTION_BACKEND", "auto"),
+    p.add_argument("--attention-backend", default=env("--attention-backend", "auto"),
                    help="torch | cpu | triton | flashinfer | auto (cpu, else torch, on the CPU; "
                         "best available on CUDA)")
-    p.add_argument("--device", default=env("RADIXMESH_DEVICE", "cpu"))
-    p.add_argument("--threads", type=int, default=int(env("RADIXMESH_THREADS", "0")),
+    p.add_argument("--device", default=env("--device", "cpu"))
+    p.add_argument("--threads", type=int, default=env("--threads", 0, int),
                    help="compute threads (0: one per core, less one for the event loop and the other services)")
-    p.add_argument("--compile", choices=("on", "off"), default=env("RADIXMESH_COMPILE", "off"),
+    p.add_argument("--compile", choices=("on", "off"), default=env("--compile", "off"),
                    help="compile the model's pieces between attention calls (inductor, cached on disk)")
-    p.add_argument("--compile-sizes", default=",".join(map(str, DEFAULT_SIZES)),
+    p.add_argument("--compile-sizes", default=env("--compile-sizes", ",".join(map(str, DEFAULT_SIZES))),
                    help="token-count buckets of the compiled step (steps are padded up; longer ones run eagerly)")
-    p.add_argument("--role", choices=ROLES, default=env("RADIXMESH_ROLE", "both"),
+    p.add_argument("--role", choices=ROLES, default=env("--role", "both"),
                    help="prefill/decode disaggregation: both (colocated), prefill or decode (announced in WorkerInfo)")
-    p.add_argument("--kv-transfer", choices=TRANSFER_MODES, default=env("RADIXMESH_KV_TRANSFER", "auto"),
+    p.add_argument("--kv-transfer", choices=TRANSFER_MODES, default=env("--kv-transfer", "auto"),
                    help="how KV moves to a decode worker: auto = shared memory (/dev/shm) with a peer of the "
                         "same host_id, NATS chunks otherwise; shm or nats forces one")
-    p.add_argument("--worker-id", default=env("RADIXMESH_WORKER_ID") or f"worker-{uuid.uuid4().hex[:8]}")
+    p.add_argument("--worker-id", default=env("--worker-id", "") or f"worker-{uuid.uuid4().hex[:8]}")
     p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between WorkerInfo announcements")
     add_common_args(p, SERVICE)
-    add_metrics_args(p)
+    add_metrics_args(p, SERVICE)
     return p.parse_args(argv)
 
 

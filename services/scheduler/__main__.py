@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 
+from libs.protocol.env_flags import env_default
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
@@ -18,34 +18,39 @@ from .service import Adopter, SchedulerConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
+    """Every option also reads RADIXMESH_<FLAG> (RADIXMESH_SCHEDULER_<FLAG> first), as
+    ``radixmesh up`` names it."""
+    def env(flag: str, default, kind=str):
+        return env_default("scheduler", flag, default, kind)
+
+    def switch(flag: str) -> bool:
+        return env(flag, "") not in ("", "0", "false")
+
     p = argparse.ArgumentParser(prog="services.scheduler", description=__doc__)
     add_common_args(p, "scheduler")
-    add_metrics_args(p)
-    p.add_argument("--max-running-requests", type=int,
-                   default=int(env("RADIXMESH_MAX_RUNNING_REQUESTS", "256")))
-    p.add_argument("--max-queued-requests", type=int,
-                   default=int(env("RADIXMESH_MAX_QUEUED_REQUESTS", "4096")))
-    p.add_argument("--chunked-prefill-size", type=int,
-                   default=int(env("RADIXMESH_CHUNKED_PREFILL_SIZE", "1024")),
+    add_metrics_args(p, "scheduler")
+    p.add_argument("--max-running-requests", type=int, default=env("--max-running-requests", 256, int))
+    p.add_argument("--max-queued-requests", type=int, default=env("--max-queued-requests", 4096, int))
+    p.add_argument("--chunked-prefill-size", type=int, default=env("--chunked-prefill-size", 1024, int),
                    help="prefill tokens per step; longer prompts run in chunks beside decodes")
-    p.add_argument("--schedule-policy", choices=POLICIES, default="fcfs")
-    p.add_argument("--disable-radix-cache", action="store_true",
+    p.add_argument("--schedule-policy", choices=POLICIES, default=env("--schedule-policy", "fcfs"))
+    p.add_argument("--disable-radix-cache", action="store_true", default=switch("--disable-radix-cache"),
                    help="no prefix reuse: every request computes its whole prompt")
-    p.add_argument("--page-size", type=int, default=16,
+    p.add_argument("--page-size", type=int, default=env("--page-size", 16, int),
                    help="prefix-cache granularity: matches and KV events are per page")
-    p.add_argument("--eviction-policy", choices=["lru", "lfu"], default="lru")
+    p.add_argument("--eviction-policy", choices=["lru", "lfu"], default=env("--eviction-policy", "lru"))
     p.add_argument("--disable-overlap-schedule", action="store_true",
-                   default=env("RADIXMESH_DISABLE_OVERLAP_SCHEDULE", "") not in ("", "0"),
+                   default=switch("--disable-overlap-schedule"),
                    help="wait for each step's result before planning the next")
     p.add_argument("--host-write-policy", choices=WRITE_POLICIES,
-                   default=env("RADIXMESH_HOST_WRITE_POLICY", "write_back"),
+                   default=env("--host-write-policy", "write_back"),
                    help="with a worker host pool (--host-kv-slots): copy a prefix down to it "
                         "on eviction, as soon as it is cached, or at its second hit")
     p.add_argument("--retract-interval", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--max-workers", type=int, default=0, help="0: adopt every free worker")
-    p.add_argument("--lease-s", type=float, default=5.0)
-    p.add_argument("--forward-timeout", type=float, default=300.0)
+    p.add_argument("--max-workers", type=int, default=env("--max-workers", 0, int),
+                   help="0: adopt every free worker")
+    p.add_argument("--lease-s", type=float, default=env("--lease-s", 5.0, float))
+    p.add_argument("--forward-timeout", type=float, default=env("--forward-timeout", 300.0, float))
     return p.parse_args(argv)
 
 

@@ -26,7 +26,7 @@ def test_the_service_prefixed_name_wins(monkeypatch):
         env_default("tokenizer", "--max-model-len", None, int)
 
 
-@pytest.mark.parametrize("service", ["gateway", "tokenizer"])
+@pytest.mark.parametrize("service", ["gateway", "tokenizer", "scheduler", "cache_index", "gpu_worker"])
 def test_every_option_radixmesh_up_passes_reads_its_env_name(service, monkeypatch):
     options = [o for o in service_options() if o.service == service and not o.is_switch and not o.secret]
     assert options
@@ -35,6 +35,6 @@ def test_every_option_radixmesh_up_passes_reads_its_env_name(service, monkeypatc
         if opt.action.choices:
             value = str(sorted(opt.action.choices)[-1])
         monkeypatch.setenv(OWN_ENV.get(opt.action.dest, opt.env), value)
-        got = getattr(service_parser(service).parse_args([]), opt.action.dest)
+        got = getattr(service_parser(service, own_defaults=False).parse_args([]), opt.action.dest)
         assert got == opt.parse(value, "test"), (opt.env, got)
         monkeypatch.delenv(OWN_ENV.get(opt.action.dest, opt.env))
