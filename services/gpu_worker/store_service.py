@@ -4,6 +4,7 @@ the control connection), attaches puts to the copier and answers ``worker_fetch(
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from .store_io import StoreIO
 log = logging.getLogger("gpu_worker.store")
 
 STORE_KINDS = ("none", "nats")
+STORE_CONNECT_S = 10.0  # --kv-store-url: how long a starting worker waits for the store's server
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,12 @@ async def serve_store(ctx: ServiceContext, worker: WorkerService, config: StoreC
     if copier.host is None:
         raise SystemExit("gpu_worker: --kv-store needs a host KV pool (--host-kv-slots > 0)")
     if config.url:
-        bus = await open_data_bus(ctx, config.url)
+        try:  # NOTE: a store of its own may be down: serve without it rather than hang here
+            bus = await asyncio.wait_for(open_data_bus(ctx, config.url), STORE_CONNECT_S)
+        except (asyncio.TimeoutError, OSError) as exc:
+            log.error("shared KV store at %s unreachable (%s): serving without it (restart to retry)",
+                      config.url, type(exc).__name__)
+            return None
     bus = bus if bus is not None else await open_data_bus(ctx)
     spec = PageSpec(KVLayout.of_pool(copier.pool))
     try:
