@@ -14,7 +14,7 @@ from services.scheduler.disagg import deadline_s, prefill_sampling
 from services.scheduler.request import Handoff, Req, Transfer
 
 from .slot_worker import SlotWorker
-from .test_core import EOS, assert_all_slots_back
+from .test_core import EOS, assert_all_slots_back, drain
 
 LAYOUT = "2 layers x 1 KV heads x 4 dims, float32"
 
@@ -94,14 +94,7 @@ def colocated(reqs: list[Req], **cfg) -> dict[str, list[int]]:
     core, worker = make("c", **cfg)
     for r in reqs:
         core.submit(r)
-    out: dict[str, list[int]] = {}
-    while core.has_work():
-        batch = core.next_batch()
-        if batch is not None:
-            core.complete(worker.run(batch))
-        for _, d in core.take_deltas():
-            out.setdefault(d.rid, []).extend(d.token_ids)
-    return out
+    return drain(core, worker)
 
 
 def prompts(n, seed=0):

@@ -13,7 +13,7 @@ from services.scheduler.core import SchedulerCore
 from services.scheduler.request import Req
 
 from .slot_worker import SlotWorker
-from .test_core import EOS, assert_all_slots_back
+from .test_core import EOS, assert_all_slots_back, drain
 
 PAGE = 16
 DOC = list(range(100, 100 + 20 * PAGE))  # 320 tokens: 20 pages
@@ -35,7 +35,6 @@ def request(rid, prompt, max_new=4):
 def run(core, worker, reqs, fetch_arrived=None):
     """Submit and drain; a planned fetch is answered by the slot worker's store at once
     (``fetch_arrived`` caps the pages that arrive, as a deadline would)."""
-    out = {}
     for r in reqs:
         core.submit(r)
         if core.store and r.rid in core.store.fetching:
@@ -45,13 +44,7 @@ def run(core, worker, reqs, fetch_arrived=None):
                 arrived = min(arrived, fetch_arrived)
             core.fetched(r, FetchReply(arrived=arrived, missing=len(f.keys) - arrived,
                                        deadline=fetch_arrived is not None, seconds=0.01))
-    while core.has_work():
-        batch = core.next_batch()
-        if batch is not None:
-            core.complete(worker.run(batch))
-        for _, d in core.take_deltas():
-            out.setdefault(d.rid, []).extend(d.token_ids)
-    return out
+    return drain(core, worker)
 
 
 def evict_all(core, worker):
