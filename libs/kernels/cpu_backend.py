@@ -6,7 +6,8 @@ write their rows of the output, so a step copies no K/V beyond the store of its
 new tokens. Decode: blocked online softmax, every query head of a kv head per K/V
 row (GQA), fp32 accumulation. Extend: query tiles x key blocks, bf16 products on
 oneDNN's brgemm (AMX) where the CPU has it, fp32 loops otherwise. ``cpu_v1`` (the
-first kernel, torch for extend) stays as the benchmarks' baseline.
+first kernel, torch for extend) stays as the benchmarks' baseline. ``ops``: RMSNorm
+and SiLU-and-multiply in C++ for bf16 (:mod:`.cpu_ops`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import cpu_ext
+from . import cpu_ext, cpu_ops
 from .base import AttentionBackend, AttentionMetadata
 from .errors import BackendNotAvailable
 
@@ -44,6 +45,7 @@ class _Rows:
 
 class CpuAttentionBackend(AttentionBackend):
     name = "cpu"
+    ops = cpu_ops
 
     def __init__(self, kv, scale=None) -> None:
         super().__init__(kv, scale)

@@ -17,6 +17,10 @@ void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 bool amx_bf16_available();
 
+// ops.cpp: elementwise kernels for bf16 / fp16 activations
+at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
 inline void check_index(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.dim() == 1, name, " must be contiguous 1-d int64");
 }
