@@ -5,7 +5,9 @@ Both kernels (``csrc/decode.cpp``, ``csrc/extend.cpp``; built once, see
 write their rows of the output, so a step copies no K/V beyond the store of its
 new tokens. Decode: blocked online softmax, every query head of a kv head per K/V
 row (GQA), fp32 accumulation. Extend: query tiles x key blocks, bf16 products on
-oneDNN's brgemm (AMX) where the CPU has it, fp32 loops otherwise. ``cpu_v1`` (the
+oneDNN's brgemm (AMX). NOTE: where brgemm does not take the pool's dtype (fp32, or no
+AMX) extend rows go to torch's SDPA (the torch backend's path), which beat the C++
+fp32 loops (``cpp_extend = True`` with ``use_brgemm = False`` runs those). ``cpu_v1`` (the
 first kernel, torch for extend) stays as the benchmarks' baseline. ``ops``: RMSNorm
 and SiLU-and-multiply in C++ for bf16 (:mod:`.cpu_ops`).
 """
@@ -18,8 +20,9 @@ import numpy as np
 import torch
 
 from . import cpu_ext, cpu_ops
-from .base import AttentionBackend, AttentionMetadata
+from .base import AttentionMetadata
 from .errors import BackendNotAvailable
+from .torch_backend import TorchAttentionBackend
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -43,20 +46,21 @@ class _Rows:
         return cls(rows.contiguous(), host(meta.prefix_lens), host(meta.extend_lens), host(starts))
 
 
-class CpuAttentionBackend(AttentionBackend):
+class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
     ops = cpu_ops
 
     def __init__(self, kv, scale=None) -> None:
         super().__init__(kv, scale)
         self._kernel = cpu_ext.load()
-        self._slots: torch.Tensor | None = None
         self._table = _EMPTY
-        self._decode: _Rows | None = None
-        self._extend: _Rows | None = None
+        self._dec: _Rows | None = None
+        self._ext: _Rows | None = None
         self._decode_tokens = _EMPTY  # empty: request b's token is token b
         self._decode_lens = _EMPTY
-        self.use_brgemm = True  # bf16 extend on oneDNN's brgemm where usable; False: the fp32 loops
+        # extend in C++ where brgemm takes the dtype (bf16 on AMX), else torch's SDPA (see the NOTE above)
+        self.cpp_extend = kv.dtype == torch.bfloat16 and bool(self._kernel.amx_bf16())
+        self.use_brgemm = True  # False: the C++ extend's fp32 loops even where brgemm would run
 
     @classmethod
     def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
@@ -67,15 +71,19 @@ class CpuAttentionBackend(AttentionBackend):
         cpu_ext.load()
 
     def prepare(self, meta: AttentionMetadata) -> None:
-        ext = meta.extend_lens
+        ext, seq = meta.extend_lens, meta.seq_lens
         starts = np.cumsum(ext) - ext
         self._slots = meta.out_slots
         self._table = meta.slot_table.contiguous()
-        self._decode = _Rows.select(meta, np.flatnonzero(ext == 1), starts)
-        self._extend = _Rows.select(meta, np.flatnonzero(ext > 1), starts)
-        every = self._decode is not None and len(self._decode.rows) == len(ext)
-        self._decode_tokens = _EMPTY if every or self._decode is None else self._decode.starts
-        self._decode_lens = _EMPTY if self._decode is None else self._decode.prefix + 1
+        self._dec = _Rows.select(meta, np.flatnonzero(ext == 1), starts)
+        extend_rows = np.flatnonzero(ext > 1)
+        self._ext = _Rows.select(meta, extend_rows, starts) if self.cpp_extend else None
+        self._extends = [] if self.cpp_extend else [
+            self._plan_extend(meta, int(i), int(starts[i]), int(ext[i]), int(seq[i])) for i in extend_rows
+        ]  # NOTE: a loop over prefill requests only
+        every = self._dec is not None and len(self._dec.rows) == len(ext)
+        self._decode_tokens = _EMPTY if every or self._dec is None else self._dec.starts
+        self._decode_lens = _EMPTY if self._dec is None else self._dec.prefix + 1
         self._check_slots(meta)
 
     def _check_slots(self, meta: AttentionMetadata) -> None:
@@ -97,12 +105,14 @@ class CpuAttentionBackend(AttentionBackend):
         q = q.contiguous()
         target = out if out is not None and out.is_contiguous() else torch.empty_like(q)
         kp, vp = self.kv.k[layer], self.kv.v[layer]
-        if (d := self._decode) is not None:
+        if (d := self._dec) is not None:
             self._kernel.paged_decode(q, kp, vp, self._table, d.rows, self._decode_lens, self._decode_tokens,
                                       self.scale, target)
-        if (e := self._extend) is not None:
+        if (e := self._ext) is not None:
             self._kernel.paged_extend(q, kp, vp, self._table, e.rows, e.prefix, e.extend, e.starts, self.scale, target,
                                       self.use_brgemm)
+        for plan in self._extends:
+            target[plan.start : plan.start + plan.length] = self._attend_extend(layer, q, k, v, plan)
         if out is not None and target is not out:
             out.copy_(target)
             return out

@@ -22,23 +22,33 @@ def cpu_backend(pool):
 
 
 def cpu_loops(pool):
-    """The extend kernel's fp32 loops even where brgemm (AMX) would take bf16."""
+    """Extend rows through the C++ kernel's fp32 loops (by default they go to brgemm, or to SDPA)."""
     backend = get_backend("cpu", pool)
-    backend.use_brgemm = False
+    backend.cpp_extend, backend.use_brgemm = True, False
     return backend
 
 
+BOTH = pytest.mark.parametrize("make", [cpu_backend, cpu_loops], ids=["default", "cpp-loops"])
+
+
+def test_extend_goes_to_cpp_where_brgemm_takes_bf16():
+    amx = bool(get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16))._kernel.amx_bf16())
+    assert get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16)).cpp_extend == amx
+    assert not get_backend("cpu", KVPool(1, 8, 2, 64)).cpp_extend
+
+
+@BOTH
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 3, 8])
-def test_ragged_mixed_batch_fp32(gen, page_size, head_dim, group):
+def test_ragged_mixed_batch_fp32(gen, page_size, head_dim, group, make):
     prefix, extend = random_lens(gen, batch=6, max_prefix=70, max_extend=20)
     case = Case(prefix, extend, kv_heads=1 if group == 8 else 2, group=group, head_dim=head_dim,
                 page_size=page_size, layers=2)
-    check_attention(cpu_backend, case, gen)
+    check_attention(make, case, gen)
 
 
-@pytest.mark.parametrize("make", [cpu_backend, cpu_loops], ids=["brgemm", "loops"])
+@BOTH
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_ragged_mixed_batch_bf16(gen, group, head_dim, make):
@@ -48,10 +58,11 @@ def test_ragged_mixed_batch_bf16(gen, group, head_dim, make):
     check_attention(make, case, gen)
 
 
+@BOTH
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_head_dim_without_a_vector_path(gen, dtype):
+def test_head_dim_without_a_vector_path(gen, dtype, make):
     """D = 48: neither the 64/128 decode loops nor brgemm's tiles apply."""
-    check_attention(cpu_backend, Case([0, 40, 97], [33, 1, 5], kv_heads=2, group=3, head_dim=48, dtype=dtype), gen)
+    check_attention(make, Case([0, 40, 97], [33, 1, 5], kv_heads=2, group=3, head_dim=48, dtype=dtype), gen)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -61,18 +72,19 @@ def test_decode_only_long_contexts(gen, dtype):
                                       page_size=16, dtype=dtype), gen)
 
 
-@pytest.mark.parametrize("make", [cpu_backend, cpu_loops], ids=["brgemm", "loops"])
+@BOTH
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_extend_over_a_long_prefix(gen, dtype, make):
     """A chunk of 300 over a ~3.8k prefix next to a fresh prefill, page size 1 (every slot scattered)."""
     check_attention(make, Case([3800, 0], [300, 129], kv_heads=3, group=3, dtype=dtype), gen)
 
 
+@BOTH
 @pytest.mark.parametrize("extend", [2, 31, 32, 33, 64, 65, 127, 129])
-def test_tile_edges(gen, extend):
+def test_tile_edges(gen, extend, make):
     """Query tiles (32 tokens) and key blocks (64) that end short of, on and past their edges."""
-    check_attention(cpu_backend, Case([0, 63, 64, 65], [extend] * 4, kv_heads=2, group=4, dtype=torch.bfloat16), gen)
-    check_attention(cpu_backend, Case([0, 63, 64, 65], [extend] * 4, kv_heads=2, group=4), gen)
+    check_attention(make, Case([0, 63, 64, 65], [extend] * 4, kv_heads=2, group=4, dtype=torch.bfloat16), gen)
+    check_attention(make, Case([0, 63, 64, 65], [extend] * 4, kv_heads=2, group=4), gen)
 
 
 @pytest.mark.parametrize("prefix", range(0, 5))
@@ -80,11 +92,12 @@ def test_short_prefixes_next_to_extends(gen, prefix):
     check_attention(cpu_backend, Case([prefix, prefix, 0], [1, 5, 3], kv_heads=2, group=3), gen)
 
 
-def test_two_threads(gen):
+@BOTH
+def test_two_threads(gen, make):
     """Work items split between threads (each packs its own key blocks)."""
     torch.set_num_threads(2)  # NOTE: the conftest fixture restores the count
     for dtype in (torch.float32, torch.bfloat16):
-        check_attention(cpu_backend, Case([0, 500, 90, 7], [200, 100, 1, 1], kv_heads=3, group=3, dtype=dtype), gen)
+        check_attention(make, Case([0, 500, 90, 7], [200, 100, 1, 1], kv_heads=3, group=3, dtype=dtype), gen)
 
 
 def test_slots_outside_the_pool_are_refused(gen):
