@@ -60,7 +60,7 @@ class SchedulerCore:
         self.store = StoreFetcher(self.cache, self.host, keys) if self.host and keys else None
         self.rates = StepRates()  # the driver's measurements (it shares its own)
         self.rows = RowAllocator(info.max_requests)
-        self.planner = Planner(config, self.cache, self.rows, info.max_model_len)
+        self.planner = Planner(config, self.cache, self.rows, info.max_model_len, info.role)
         self.eos = frozenset(info.eos_token_ids)
         self.inflight: deque[Step] = deque()  # steps sent, results not yet applied
         self.needs_result = False  # the last next_batch waits for the step in flight

@@ -24,6 +24,7 @@ import msgspec
 from libs.protocol.messages import ErrorInfo, KVCopy, KVReady, SamplingParams, staging_id
 
 from .allocator import OutOfSlots, RowAllocator
+from .metrics import QUEUE_SECONDS
 from .cache import KVCache
 from .config import CoreConfig
 from .planner import Planner
@@ -153,6 +154,7 @@ class DecodeBook:
                 core.end(req, "abort")
                 continue
             req.cached_tokens = msg.cached_tokens
+            QUEUE_SECONDS.labels("decode").observe(time.monotonic() - req.arrived)
             core.account_prompt(req)
             core.emit_token(req, msg.first_token)
             if req.finish_reason is not None:  # it ended at its first token: KV not needed

@@ -16,11 +16,13 @@ planned ahead at all (``Step.sync``): it waits for the result.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 
 from .allocator import RowAllocator
 from .cache import KVCache
 from .config import CoreConfig
+from .metrics import QUEUE_SECONDS
 from .policy import order
 from .request import Req
 from .step import Step, StepItem, prefix_cap
@@ -33,8 +35,9 @@ class Planner:
     """Owns the waiting queue and the running set; turns them into steps."""
 
     def __init__(self, config: CoreConfig, cache: KVCache, rows: RowAllocator,
-                 max_model_len: int) -> None:
+                 max_model_len: int, role: str = "both") -> None:
         self.config = config
+        self.role = role  # the worker's: labels the queue-time metric
         self.cache = cache
         self.rows = rows
         self.max_model_len = max_model_len
@@ -126,6 +129,7 @@ class Planner:
         if cap is not None and req.kv_len > cap:
             self.cache.shorten(req, cap)
         if not req.retractions:
+            QUEUE_SECONDS.labels(self.role).observe(time.monotonic() - req.arrived)
             req.cached_tokens = req.kv_len
             req.cached_host_tokens = max(req.kv_len - device, 0)
             self.prompt_tokens += req.prompt_len

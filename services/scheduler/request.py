@@ -22,6 +22,7 @@ the worker's own last sampled token for the row (-1 on the wire).
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,6 +96,7 @@ class Req:
     lp_next: int = -1
     lp_pending: Logprobs | None = None
     end_ids: list[int] = field(default_factory=list)  # with sampling.regex: ids that may end it
+    arrived: float = field(default_factory=time.monotonic)  # at this scheduler
     handoff: Handoff | None = None  # a prefill for a decode worker (prefill side)
     transfer: Transfer | None = None  # its prompt's KV comes from a prefill worker (decode side)
 

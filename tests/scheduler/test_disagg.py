@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 
+from prometheus_client import REGISTRY
+
 from libs.protocol.messages import ErrorInfo, KVReady, SamplingParams, WorkerInfo, staging_id
 from services.scheduler.config import CoreConfig
 from services.scheduler.core import SchedulerCore
@@ -19,10 +21,10 @@ from .test_core import EOS, assert_all_slots_back, drain
 LAYOUT = "2 layers x 1 KV heads x 4 dims, float32"
 
 
-def make(worker_id, kv_slots=512, **cfg):
+def make(worker_id, kv_slots=512, role="both", **cfg):
     info = WorkerInfo(worker_id=worker_id, model="m", kv_slots=kv_slots, max_requests=16,
                       max_model_len=512, vocab_size=1000, eos_token_ids=[EOS], dtype="float32",
-                      kv_layout=LAYOUT, role="both")
+                      kv_layout=LAYOUT, role=role)
     return SchedulerCore(info, CoreConfig(**cfg)), SlotWorker(kv_slots, 16, 512)
 
 
@@ -35,8 +37,8 @@ class Pair:
     """Decode core D + prefill core P; ``bus`` moves PrefillRequests, KV and reports."""
 
     def __init__(self, **cfg) -> None:
-        self.d, self.dw = make("d", **cfg)
-        self.p, self.pw = make("p", **cfg)
+        self.d, self.dw = make("d", role="decode", **cfg)
+        self.p, self.pw = make("p", role="prefill", **cfg)
         self.moved: dict[str, int] = {}  # transfer id -> tokens sent
         self.fail_next: str = ""  # the next transfer reports this failure
         self.drops: list[str] = []
@@ -124,6 +126,19 @@ def test_outputs_match_colocated_one_at_a_time_and_concurrently():
     assert_all_slots_back(pair.d)
     assert_all_slots_back(pair.p)
     assert not pair.dw.staging
+
+
+def queued(role: str) -> float:
+    return REGISTRY.get_sample_value("radixmesh:queue_seconds_count", {"role": role}) or 0.0
+
+
+def test_queue_times_are_counted_by_role():
+    before = queued("decode"), queued("prefill")
+    pair = Pair()
+    for i, p in enumerate(prompts(3, seed=4)):
+        pair.submit(request(f"r{i}", p))
+    pair.run()
+    assert (queued("decode"), queued("prefill")) == (before[0] + 3, before[1] + 3)
 
 
 def test_only_tokens_beyond_the_decode_cache_are_sent():
