@@ -3,9 +3,9 @@
 // Request b's tokens starts[b] .. starts[b] + extend[b] - 1 sit at positions
 // prefix[b] + j and attend causally to keys 0 .. prefix[b] + j, whose slots are
 // table[rows[b], :] (the new tokens' K/V are already stored). A work item is one
-// request, one kv head and a tile of kTileQ query tokens: its G query heads stacked
+// request, one kv head and a tile of kTileQ (64) query tokens: its G query heads stacked
 // into M = kTileQ * G rows (row r = token r / G, head r % G), so each key block is
-// read once for all of them. Flash-attention style: per block of kTileK keys the
+// read once for all of them. Flash-attention style: per block of kTileK (128) keys the
 // scores S = Q K^T, an online softmax, O += P V, all in fp32. The two products are
 // matmul-shaped: bf16 on AMX through oneDNN's brgemm (tiles.h), else fp32 loops.
 #include <ATen/ATen.h>
@@ -24,7 +24,7 @@ namespace {
 
 using rmk::kTileK;
 #ifndef RMK_TILE_Q
-#define RMK_TILE_Q 32
+#define RMK_TILE_Q 64
 #endif
 constexpr int64_t kTileQ = RMK_TILE_Q;
 

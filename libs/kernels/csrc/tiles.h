@@ -22,7 +22,7 @@
 namespace rmk {
 
 #ifndef RMK_TILE_K
-#define RMK_TILE_K 64
+#define RMK_TILE_K 128
 #endif
 constexpr int64_t kTileK = RMK_TILE_K;
 
