@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=env("--host-write-policy", "write_back"),
                    help="with a worker host pool (--host-kv-slots): copy a prefix down to it "
                         "on eviction, as soon as it is cached, or at its second hit")
+    p.add_argument("--remote-prefill-min-tokens", type=int, default=env("--remote-prefill-min-tokens", 256, int),
+                   help="a decode worker prefills a prompt itself when fewer of its tokens are uncached "
+                        "there (0: every prompt goes to its prefill worker)")
     p.add_argument("--retract-interval", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--max-workers", type=int, default=env("--max-workers", 0, int),
                    help="0: adopt every free worker")
@@ -67,6 +70,7 @@ def build_config(args: argparse.Namespace) -> SchedulerConfig:
             retract_interval=args.retract_interval,
             overlap=not args.disable_overlap_schedule,
             host_write_policy=args.host_write_policy,
+            remote_prefill_min_tokens=args.remote_prefill_min_tokens,
         ),
         max_workers=args.max_workers, lease_s=args.lease_s,
         forward_timeout=args.forward_timeout,

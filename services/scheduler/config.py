@@ -20,3 +20,6 @@ class CoreConfig:
     retract_interval: int = 0  # testing: retract one running request every N steps
     overlap: bool = True  # plan and send step N+1 while the worker runs step N
     host_write_policy: str = "write_back"  # host tier: when a device node is copied down
+    # a decode worker prefills a prompt itself when fewer of its tokens than this are uncached
+    # there (Dynamo's conditional disaggregation): a short prefill costs less than a round trip
+    remote_prefill_min_tokens: int = 256

@@ -106,7 +106,8 @@ class WorkerSession:
                   output_ids=output)
         if output and req.lp_next >= 0:  # logprobs of the replayed output went out already
             req.lp_next = max(req.lp_next, req.fill_len)
-        if msg.prefill_worker and msg.prefill_worker != self.worker_id and remote_eligible(req):
+        if msg.prefill_worker and msg.prefill_worker != self.worker_id and remote_eligible(req) \
+                and self._uncached(req) >= self.driver.core.config.remote_prefill_min_tokens:
             self.link.attach(req, msg.prefill_worker, msg.prefill_predicted_s)
         position = self.driver.submit(req)
         if req.transfer is not None:
@@ -119,6 +120,9 @@ class WorkerSession:
         if req.sampling.regex:  # NOTE: the worker compiles it while the request queues
             await self._announce_pattern(req.sampling.regex)
         return SubmitReply(queue_position=position, session=self.session)
+
+    def _uncached(self, req: Req) -> int:
+        return req.prompt_len - self.driver.core.cache.reusable_len(req)
 
     async def _fetch(self, req: Req, fetch) -> None:
         """Ask the worker for the request's pages from the shared store (store_tier.py)."""

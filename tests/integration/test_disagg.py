@@ -31,9 +31,12 @@ CHATS = [f"Name a color and a fruit, number {i}." for i in range(6)]
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
+    # NOTE: every prompt goes to the prefill worker here, short ones too (the transfer is
+    # under test; by default a decode worker prefills short prompts itself: test_session.py)
     config = ephemeral_stack_config(tmp_path_factory.mktemp("pd"), workers=0, prefill_workers=1,
                                     decode_workers=1, dtype="float32", kv_slots=8192,
-                                    threads_per_worker=1)
+                                    threads_per_worker=1,
+                                    extra={"scheduler": ["--remote-prefill-min-tokens", "0"]})
     with LocalStack(config, progress=lambda m: None) as stack:
         asyncio.run(aroles(stack))  # both workers joined
         yield stack

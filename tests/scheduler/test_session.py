@@ -87,3 +87,38 @@ async def test_a_constrained_submit_announces_its_pattern_to_the_worker(nats_ser
         assert [m.patterns for m in seen] == [["[0-9]+"]]
     finally:
         await bus.close()
+
+
+async def test_a_decode_worker_prefills_short_prompts_itself(nats_server, subject_prefix):
+    """Conditional disaggregation: only a prompt with at least remote_prefill_min_tokens
+    uncached tokens goes to the prefill worker named by the router."""
+    from libs.protocol.messages import PrefillAck, PrefillRequest
+
+    bus = await Bus.connect(nats_server.url, "test-session")
+    subjects = Subjects(subject_prefix)
+    info = WorkerInfo(worker_id="d1", model="m", kv_slots=512, max_requests=4, max_model_len=512,
+                      vocab_size=1000, eos_token_ids=[2], dtype="float32", role="decode", kv_layout="L")
+    asked: list[PrefillRequest] = []
+
+    async def prefill(msg: PrefillRequest) -> PrefillAck:
+        asked.append(msg)
+        return PrefillAck(queue_position=0)
+
+    await bus.subscribe(subjects.sched_prefill("p1"), prefill, PrefillRequest)
+    session = WorkerSession(bus, subjects, "s1", info, CoreConfig(remote_prefill_min_tokens=50),
+                            lease_s=5.0, forward_timeout=5.0)
+    core = session.driver.core
+    try:
+        for rid, n in (("short", 20), ("long", 120)):
+            await session._on_submit(SubmitRequest(rid=rid, input_ids=list(range(10, 10 + n)), detok_instance="t",
+                                                   sampling=SamplingParams(max_new_tokens=4), prefill_worker="p1"))
+        for _ in range(200):
+            if asked:
+                break
+            await asyncio.sleep(0.01)
+        assert [m.rid for m in asked] == ["long"] and asked[0].skip == 0 and asked[0].kv_layout == "L"
+        assert [r.rid for r in core.waiting] == ["short"]  # prefilled here, as any request
+        assert list(core.decode.pending.values())[0].rid == "long"
+    finally:
+        session.link.close()
+        await bus.close()
