@@ -16,6 +16,7 @@ import functools
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -70,10 +71,29 @@ def load() -> ModuleType:
     return module
 
 
+STALE_LOCK_S = 900.0  # a build here takes 1-3 minutes; a lock this old was left by a killed one
+
+
+def clear_stale_lock(directory: Path, now: float | None = None) -> bool:
+    """Remove a build lock older than STALE_LOCK_S: torch's builds wait for the lock file to
+    go, so one left by a killed build (Ctrl-C on a first start) would hang every worker."""
+    lock = directory / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < STALE_LOCK_S:
+        return False
+    log.warning("removing a stale kernel build lock (%.0f s old): %s", age, lock)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 @functools.cache  # NOTE: a failed build is cached too: it is not retried in this process
 def _build() -> ModuleType | BackendNotAvailable:
     from torch.utils import cpp_extension
 
+    clear_stale_lock(build_dir())
     try:
         log.info("loading the C++ CPU attention kernel (compiled on first use)")
         return cpp_extension.load(

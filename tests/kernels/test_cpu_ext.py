@@ -31,3 +31,14 @@ def test_build_folder_is_keyed_by_sources_headers_flags_cpu_and_torch(tmp_path, 
 
 def test_the_sources_it_builds_exist():
     assert all((cpu_ext.CSRC / name).is_file() for name in cpu_ext.SOURCES)
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    from libs.kernels.cpu_ext import STALE_LOCK_S, clear_stale_lock
+
+    lock = tmp_path / "lock"
+    assert not clear_stale_lock(tmp_path)
+    lock.write_text("")
+    assert not clear_stale_lock(tmp_path) and lock.exists()  # a build may be running
+    assert clear_stale_lock(tmp_path, now=lock.stat().st_mtime + STALE_LOCK_S + 1)
+    assert not lock.exists()
