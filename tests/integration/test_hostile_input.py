@@ -106,7 +106,7 @@ CASES = [
     ("negative top_k", "POST", "/v1/completions", completion(top_k=-5), AUTH, 400),
     ("huge top_k", "POST", "/v1/completions", completion(top_k=2**40), AUTH, 400),
     ("seed beyond 64 bits", "POST", "/v1/completions", completion(seed=2**70), AUTH, 400),
-    ("n of 5", "POST", "/v1/chat/completions", chat(n=5), AUTH, 400),
+    ("n of 17", "POST", "/v1/chat/completions", chat(n=17), AUTH, 400),  # MAX_CHOICES is 16
     ("negative timeout", "POST", "/v1/chat/completions", chat(timeout=-1), AUTH, 400),
     ("zero timeout", "POST", "/generate", {"text": "a", "timeout": 0}, AUTH, 400),
     # wrong types
