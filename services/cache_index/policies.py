@@ -53,7 +53,7 @@ class Candidate:
     cached: int  # prompt tokens this worker holds on the device (index view + bookings)
     load: int  # running + waiting + booked requests
     queued_tokens: int  # prefill tokens ahead of this request
-    score: float = 0.0  # seconds: predicted TTFT + recomputation cost
+    score: float = 0.0  # seconds: predicted TTFT + recomputation cost + decode load
     cached_host: int = 0  # further prompt tokens in its host tier (loaded back, not computed)
     cached_store: int = 0  # further prompt tokens in the shared store (fetched, not computed)
     decode_s: float = 0.0  # seconds: the decode load it would add there (decode_cost)
