@@ -164,6 +164,7 @@ class RouteRequest(Base, tag="route.v1"):
     exclude: list[str] = []
     input_ids: list[int] = []
     cache_salt: str = ""
+    max_new_tokens: int = 0  # its output cap: the decode load it adds (0: unknown, not weighed)
 
 
 class RouteReply(Base, tag="route_reply.v1"):
@@ -207,6 +208,7 @@ class LoadReport(Base, tag="load.v1"):
     # "": no store) and its measured fetch rate in tokens/s (0: not measured yet)
     store_prefix: str = ""
     store_load_tps: float = 0.0
+    decode_row_s: float = 0.0  # measured: what one more decoding row adds to a decode step (0: not yet)
 
 
 class WorkerSummary(Base):

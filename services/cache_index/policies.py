@@ -10,6 +10,15 @@ least-loaded one it falls back to least-load, so a hot prefix cannot pile
 everything onto one worker. (The guard looks at the preferred worker only: in
 a large cluster some worker is nearly always idle, and a cluster-wide spread
 test would switch affinity off almost always.)
+
+A worker that will decode the request (colocated or decode) also pays its decode load
+when the request names its output cap: the request's own steps at the batch it joins
+plus what its row adds to the steps of the rows already there (``decode_cost``, from
+the worker's measured step time and growth per row), over at most
+``DECODE_HORIZON_TOKENS`` steps; a worker without free KV for the prompt's uncached
+part and that output is picked only when none has room. So decode streams spread over
+decode workers, while one holding the prompt's prefix keeps it unless its batch is
+much larger.
 """
 
 from __future__ import annotations
@@ -17,7 +26,10 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Callable
+from statistics import fmean
+from typing import Callable, Iterable
+
+from libs.protocol.messages import LoadReport
 
 from .registry import WorkerState
 
@@ -26,6 +38,13 @@ HOST_LOAD_SPEEDUP = 10.0  # until then a host-tier load counts as this much fast
 STORE_SPEEDUP = 10.0  # and a shared-store fetch (the scheduler assumes the same: store_tier.py)
 BALANCE_ABS = 16  # the preferred worker's load exceeds the least-loaded one's by this ...
 BALANCE_REL = 2.0  # ... and by this ratio: route least-loaded instead
+# until a worker and all its peers measured them: a decode step of one row and what each
+# further row adds (SmolLM2-135M fp32, one CPU thread: ~48 ms at 1 row, ~107 ms at 8)
+DEFAULT_DECODE_STEP_S = 0.05
+DEFAULT_DECODE_ROW_S = 0.008
+# steps over which the rows a load report shows are assumed to stay: they finish and
+# others arrive, so a longer output does not make today's batch weigh more
+DECODE_HORIZON_TOKENS = 128
 
 
 @dataclass
@@ -34,9 +53,11 @@ class Candidate:
     cached: int  # prompt tokens this worker holds on the device (index view + bookings)
     load: int  # running + waiting + booked requests
     queued_tokens: int  # prefill tokens ahead of this request
-    score: float = 0.0  # seconds: predicted TTFT + recomputation cost
+    score: float = 0.0  # seconds: predicted TTFT + recomputation cost + decode load
     cached_host: int = 0  # further prompt tokens in its host tier (loaded back, not computed)
     cached_store: int = 0  # further prompt tokens in the shared store (fetched, not computed)
+    decode_s: float = 0.0  # seconds: the decode load it would add there (decode_cost)
+    fits: bool = True  # its free KV holds the uncached prompt and the output
 
     @property
     def worker_id(self) -> str:
@@ -62,7 +83,42 @@ def computed(c: Candidate, num_tokens: int) -> int:
 
 def score(c: Candidate, num_tokens: int) -> float:
     rate = c.state.report.prefill_tps or DEFAULT_PREFILL_TPS
-    return predict_ttft(c, num_tokens) + computed(c, num_tokens) / rate
+    return predict_ttft(c, num_tokens) + computed(c, num_tokens) / rate + c.decode_s
+
+
+@dataclass(frozen=True)
+class DecodePrior:
+    """What an unmeasured worker's decode steps are assumed to cost: its measured peers'
+    mean, else the defaults."""
+
+    step_s: float = DEFAULT_DECODE_STEP_S  # a step of one row
+    row_s: float = DEFAULT_DECODE_ROW_S  # what each further row adds
+
+    @classmethod
+    def of(cls, reports: Iterable[LoadReport]) -> DecodePrior:
+        measured = [r for r in reports if r.decode_step_s > 0]
+        rows = [r.decode_row_s for r in measured if r.decode_row_s > 0]
+        row_s = fmean(rows) if rows else DEFAULT_DECODE_ROW_S
+        steps = [r.decode_step_s - (_rows(r) - 1) * (r.decode_row_s or row_s) for r in measured]
+        return cls(max(fmean(steps), 0.0) if steps else DEFAULT_DECODE_STEP_S, row_s)
+
+
+def _rows(report: LoadReport) -> int:
+    """The rows its measured decode step ran with, about (an EMA over recent steps)."""
+    return max(report.running, 1)
+
+
+def decode_cost(c: Candidate, out_tokens: int, prior: DecodePrior) -> float:
+    """Seconds of decoding the request adds on ``c`` over ``out_tokens`` steps: its own
+    steps at the batch it joins, plus its row's share of every step of the rows already
+    there (``c.load``: running, waiting and booked requests all decode there)."""
+    if out_tokens <= 0:
+        return 0.0
+    report = c.state.report
+    row_s = report.decode_row_s or prior.row_s
+    step_s = report.decode_step_s or (prior.step_s + (_rows(report) - 1) * row_s)
+    joined = step_s + (c.load + 1 - _rows(report)) * row_s
+    return out_tokens * (joined + c.load * row_s)
 
 
 def least_load(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
@@ -71,6 +127,7 @@ def least_load(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
 
 
 def cache_aware(cands: list[Candidate], num_tokens: int, key: int) -> Candidate:
+    cands = [c for c in cands if c.fits] or cands
     best = min(cands, key=lambda c: (c.score, c.load, random.random()))
     lightest = min(c.load for c in cands)
     if best.load - lightest > BALANCE_ABS and best.load > BALANCE_REL * max(lightest, 1):

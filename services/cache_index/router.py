@@ -9,7 +9,7 @@ from libs.protocol import errors
 from libs.protocol.hashing import block_hashes
 from libs.protocol.messages import RouteRequest
 
-from .policies import POLICIES, Candidate, score
+from .policies import DECODE_HORIZON_TOKENS, POLICIES, Candidate, DecodePrior, computed, decode_cost, score
 from .prefix_index import PrefixIndex, prompt_hashes
 from .registry import Registry
 from .store_pages import StorePages
@@ -36,6 +36,7 @@ class Decision(NamedTuple):
             "radixmesh.route.store_tokens": [x.cached_store for x in c],
             "radixmesh.route.load": [x.load for x in c],
             "radixmesh.route.queued_tokens": [x.queued_tokens for x in c],
+            "radixmesh.route.decode_s": [x.decode_s for x in c],
             "radixmesh.route.score": [x.score for x in c],
             "radixmesh.route.prefill_worker": self.prefill.worker_id if self.prefill else "",
         }
@@ -54,8 +55,9 @@ class Router:
 
     def route(self, req: RouteRequest) -> Decision:
         """The worker that serves ``req``: a colocated or decode worker (a prefill-only
-        worker only when no other is live); a decode worker gets a prefill peer of the
-        same KV layout, picked by the same policy over the prefill workers."""
+        worker only when no other is live), weighing the decode load it adds there; a
+        decode worker gets a prefill peer of the same KV layout, picked by the same
+        policy over the prefill workers (which do not decode it)."""
         if req.num_tokens <= 0:
             raise errors.invalid_request("num_tokens must be positive")
         states = [s for s in self.registry.live(req.model)
@@ -64,7 +66,7 @@ class Router:
             raise errors.unavailable(f"no live worker serves model {req.model!r}")
         hashes: dict[int, list[int]] = {}
         serving = [s for s in states if s.report.role != "prefill"] or states
-        cands = self._candidates(serving, req, hashes)
+        cands = self._candidates(serving, req, hashes, min(req.max_new_tokens, DECODE_HORIZON_TOKENS))
         chosen = self._pick(cands, req, hashes)
         prefill = None
         if chosen.state.report.role == "decode":
@@ -74,8 +76,12 @@ class Router:
                 prefill = self._pick(self._candidates(peers, req, hashes), req, hashes)
         return Decision(chosen, cands, prefill)
 
-    def _candidates(self, states, req: RouteRequest, hashes: dict[int, list[int]]) -> list[Candidate]:
+    def _candidates(self, states, req: RouteRequest, hashes: dict[int, list[int]],
+                    out_tokens: int = 0) -> list[Candidate]:
+        """Every worker in ``states`` scored for ``req``; ``out_tokens``: the steps of
+        decode load weighed (0: none, a prefill peer's)."""
         now = self.registry.clock()
+        prior = DecodePrior.of(s.report for s in states)
         cands = []
         for state in states:
             wid = state.report.worker_id
@@ -95,6 +101,10 @@ class Router:
                 queued_tokens=state.report.queued_prefill_tokens
                 + sum(b.tokens for b in unreported),
             )
+            if out_tokens:  # NOTE: where it will decode: room for the prompt's tail and the output
+                room = state.report.free_slots - sum(b.tokens for b in unreported)
+                cand.fits = room >= computed(cand, req.num_tokens) + out_tokens
+                cand.decode_s = decode_cost(cand, out_tokens, prior)
             cand.score = score(cand, req.num_tokens)
             cands.append(cand)
         return cands

@@ -73,7 +73,8 @@ class Placement:
                      exclude: list[str]) -> str:
         """Ask the cache index; if it cannot answer, pick from our own load view."""
         route = RouteRequest(rid=rid, model=self.model, num_tokens=len(enc.input_ids),
-                             exclude=exclude, input_ids=enc.input_ids, cache_salt=req.cache_salt)
+                             exclude=exclude, input_ids=enc.input_ids, cache_salt=req.cache_salt,
+                             max_new_tokens=enc.max_new_tokens)
         try:
             reply = await self.bus.request(self.subjects.index_route(), route, RouteReply,
                                            self.config.route_timeout)

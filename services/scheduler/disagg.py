@@ -21,7 +21,7 @@ from typing import Protocol
 
 import msgspec
 
-from libs.protocol.messages import ErrorInfo, KVCopy, KVReady, SamplingParams, staging_id
+from libs.protocol.messages import ErrorInfo, KVCopy, KVReady, SamplingParams, WorkerInfo, staging_id
 
 from .allocator import OutOfSlots, RowAllocator
 from .metrics import QUEUE_SECONDS
@@ -29,12 +29,14 @@ from .cache import KVCache
 from .config import CoreConfig
 from .planner import Planner
 from .request import Req
+from .transfer_rates import TransferRates
 
 
 class Core(Protocol):
     """What the books use of the scheduler core (core.py)."""
 
     config: CoreConfig
+    info: WorkerInfo
     cache: KVCache
     rows: RowAllocator
     planner: Planner
@@ -72,6 +74,7 @@ class DecodeBook:
         self.received = self.nbytes = 0
         self.seconds = 0.0
         self.failures: Counter[str] = Counter()
+        self.rates = TransferRates(core.info.kv_layout)
 
     def __len__(self) -> int:
         return len(self.queue) + len(self.pending) + len(self.arrived)
@@ -127,6 +130,8 @@ class DecodeBook:
 
     def ready(self, msg: KVReady) -> Req | None:
         """A prefill worker's report; the request it concerns, if still pending."""
+        if msg.ok:  # NOTE: a late one too: it measured the path all the same
+            self.rates.observe(msg.prefill_worker, msg.nbytes, msg.seconds)
         req = self.pending.get(msg.transfer_id)
         if req is None:
             if msg.ok:  # NOTE: nobody will import it (we gave up on it): free it now
@@ -214,7 +219,16 @@ class DecodeBook:
 
     def expired(self, now: float) -> list[Req]:
         return [r for r in self.pending.values()
-                if r.transfer.sent_at and now > r.transfer.sent_at + deadline_s(r)]
+                if r.transfer.sent_at and now > r.transfer.sent_at + self.deadline_s(r)]
+
+    def deadline_s(self, req: Req) -> float:
+        """Seconds this side waits for ``req``'s transfer: three times the prediction
+        (the larger of the router's and the prefill side's prefill seconds, at least
+        2 ms per prompt token, plus moving the tokens beyond ``skip`` at this worker's
+        measured transfer rate from that peer), plus a second."""
+        t = req.transfer
+        moved = self.rates.seconds(t.prefill_worker, req.prompt_len - t.skip)
+        return 3 * (max(t.predicted_s, req.prompt_len * 2e-3) + moved) + 1.0
 
     def fail_all(self) -> list[Req]:
         reqs = self.requests()
@@ -232,15 +246,6 @@ class DecodeBook:
         if req.row >= 0:
             core.rows.free(req.row)
             req.row = -1
-
-
-def deadline_s(req: Req) -> float:
-    """Seconds the decode side waits for a transfer: three times the prediction
-    (the router's prefill seconds, at least 2 ms per token, plus ~0.1 ms per token
-    moved), plus a second."""
-    t = req.transfer
-    tokens = req.prompt_len - t.skip
-    return 3 * (max(t.predicted_s, req.prompt_len * 2e-3) + tokens * 1e-4) + 1.0
 
 
 class PrefillBook:

@@ -25,7 +25,7 @@ from libs.protocol.messages import (
 )
 
 from .core import SchedulerCore
-from .disagg import deadline_s, prefill_sampling
+from .disagg import prefill_sampling
 from .driver import StepDriver
 from .request import Handoff, Req, Transfer
 
@@ -70,7 +70,8 @@ class DisaggLink:
         msg = PrefillRequest(
             transfer_id=t.transfer_id, rid=req.rid, input_ids=req.input_ids, sampling=req.sampling,
             seed=req.seed, decode_worker=self.worker_id, decode_host=info.host_id, model=info.model,
-            kv_layout=info.kv_layout, skip=t.skip, cache_salt=req.namespace, deadline_s=deadline_s(req))
+            kv_layout=info.kv_layout, skip=t.skip, cache_salt=req.namespace,
+            deadline_s=self.core.decode.deadline_s(req))
         span = self._spans.get(t.transfer_id)
         ctx = trace.set_span_in_context(span) if span is not None else None
         self._spawn(self._send_request(req, t.prefill_worker, msg), ctx)

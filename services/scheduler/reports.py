@@ -46,14 +46,44 @@ class EventLog:
                           host_hashes=tree.host_hashes() if tree else [])
 
 
+class DecodeFit:
+    """A decode step's seconds against its rows, ``seconds = base + row_s x rows``, fitted
+    by exponentially weighted least squares over decode-only steps. ``row_s`` (what one
+    more decoding row costs each step: the router's decode load) keeps its last estimate
+    while the batch size varies too little to tell; 0 until it first could."""
+
+    DECAY = 0.98  # per step: ~50 steps of memory
+    MIN_STEPS = 8.0  # (weighted) steps before a first estimate
+    MIN_VARIANCE = 0.25  # of the rows in the window (a spread of about one row)
+
+    def __init__(self) -> None:
+        self.n = self.x = self.y = self.xx = self.xy = 0.0
+        self.row_s = 0.0
+
+    def add(self, rows: int, seconds: float) -> None:
+        d = self.DECAY
+        self.n, self.x, self.y = d * self.n + 1, d * self.x + rows, d * self.y + seconds
+        self.xx, self.xy = d * self.xx + rows * rows, d * self.xy + rows * seconds
+        mean_x = self.x / self.n
+        variance = self.xx / self.n - mean_x * mean_x
+        if self.n >= self.MIN_STEPS and variance >= self.MIN_VARIANCE:
+            covariance = self.xy / self.n - mean_x * self.y / self.n
+            self.row_s = max(covariance / variance, 0.0)
+
+
 class StepRates:
-    """Measured prefill tokens/s, decode step time and host-tier copy rate (EMAs),
-    from step results."""
+    """Measured prefill tokens/s, decode step time (and its growth per row) and host-tier
+    copy rate (EMAs), from step results."""
 
     def __init__(self) -> None:
         self.prefill_tps = 0.0  # over steps dominated by prefill
         self.decode_step_s = 0.0  # over decode-only steps
+        self.decode = DecodeFit()  # decode-only steps: seconds against rows
         self.host_load_tps = 0.0  # tokens of KV copied to or from the host tier per second
+
+    @property
+    def decode_row_s(self) -> float:
+        return self.decode.row_s
 
     def copied(self, tokens: int, seconds: float) -> None:
         if tokens >= 16 and seconds > 0:
@@ -65,7 +95,8 @@ class StepRates:
         if prefill >= 64:
             rate = prefill / max(seconds, 1e-6)
             self.prefill_tps = rate if not self.prefill_tps else 0.8 * self.prefill_tps + 0.2 * rate
-        elif not prefill:
+        elif not prefill and extend_lens:
             self.decode_step_s = (seconds if not self.decode_step_s
                                   else 0.8 * self.decode_step_s + 0.2 * seconds)
+            self.decode.add(len(extend_lens), seconds)
 

@@ -158,3 +158,86 @@ def test_only_prefill_workers_left_serve_alone():
     decision = router.route(RouteRequest(rid="r", model="m", num_tokens=len(DOC), input_ids=DOC,
                                          exclude=["d1"]))
     assert decision.chosen.worker_id == "p1" and decision.prefill is None
+
+
+TEMPLATE = list(range(5000, 5032))  # a chat template's opening: two pages every stream shares
+
+
+def decode_pair(**measured):
+    """Decode workers d1 and d2 (d1 holds the template and measured a faster prefill: what
+    made the bench send 7 of 8 streams to one of them), a prefill worker p1."""
+    clock = Clock()
+    reg = Registry(clock=clock)
+    for wid in ("d1", "d2"):
+        reg.update(report(wid, role="decode", kv_layout="L", free=4096, **measured.get(wid, {})))
+    reg.update(report("p1", role="prefill", kv_layout="L", free=4096, prefill_tps=800.0))
+    router = Router(reg, PrefixIndex(), "cache_aware")
+    cached_on(router.index, "d1", TEMPLATE)
+    return router, reg, clock
+
+
+def stream(rid: str, tokens, max_new_tokens: int) -> RouteRequest:
+    return RouteRequest(rid=rid, model="m", num_tokens=len(tokens), input_ids=tokens,
+                        max_new_tokens=max_new_tokens)
+
+
+def route_streams(max_new_tokens: int) -> dict[str, int]:
+    """Eight streams arriving 0.7 s apart (each reported running by the next one)."""
+    measured = {"d1": {"prefill_tps": 700.0}, "d2": {}}
+    router, reg, clock = decode_pair(**measured)
+    running = {"d1": 0, "d2": 0}
+    for i in range(8):
+        prompt = TEMPLATE + [9000 + 100 * i + k for k in range(80)]
+        chosen = router.route(stream(f"s{i}", prompt, max_new_tokens)).chosen.worker_id
+        running[chosen] += 1
+        clock.t += 0.7
+        for wid in running:
+            reg.update(report(wid, role="decode", kv_layout="L", free=4096, running=running[wid],
+                              **measured[wid]))
+    return running
+
+
+def test_decode_streams_spread_over_decode_workers_by_their_decode_load():
+    assert route_streams(max_new_tokens=0) == {"d1": 8, "d2": 0}  # the load unweighed: all on d1
+    assert route_streams(max_new_tokens=128) == {"d1": 4, "d2": 4}
+
+
+def test_a_decode_worker_holding_the_prefix_wins_unless_its_batch_is_much_larger():
+    step = {"decode_step_s": 0.05, "decode_row_s": 0.008, "prefill_tps": 500.0}
+
+    def pick(d1_running: int) -> tuple[str, dict[str, float]]:
+        router, _, _ = decode_pair(d1={**step, "running": d1_running,
+                                       "decode_step_s": 0.05 + (d1_running - 1) * 0.008}, d2=step)
+        cached_on(router.index, "d1", DOC)
+        decision = router.route(stream("r", DOC + [1, 2, 3], 64))
+        assert decision.prefill.worker_id == "p1"
+        return decision.chosen.worker_id, {c.worker_id: c.decode_s for c in decision.candidates}
+
+    # d1 runs one stream: each of 64 steps costs 16 ms more there (its own step has a
+    # second row, and it adds a row to that stream's: 2 x 8 ms), 1.0 s in all, against
+    # 2 x 400 / 500 = 1.6 s of prefill saved (predicted TTFT + recomputation)
+    chosen, decode_s = pick(1)
+    assert chosen == "d1" and decode_s["d1"] == pytest.approx(64 * (0.05 + 0.008 + 0.008))
+    assert decode_s["d2"] == pytest.approx(64 * 0.05)
+    chosen, decode_s = pick(8)  # d1 runs 8: 64 x 16 x 8 ms = 8.2 s more
+    assert chosen == "d2" and decode_s["d1"] - decode_s["d2"] == pytest.approx(64 * 16 * 0.008)
+
+
+def test_a_decode_worker_without_free_kv_for_the_stream_is_passed_over():
+    router, reg, _ = decode_pair()
+    cached_on(router.index, "d1", DOC)
+    reg.update(report("d1", role="decode", kv_layout="L", free=40))  # holds DOC, no room to decode
+    decision = router.route(stream("r", DOC + [1, 2, 3], 64))
+    assert {c.worker_id: c.fits for c in decision.candidates} == {"d1": False, "d2": True}
+    assert decision.chosen.worker_id == "d2"
+
+
+def test_an_unmeasured_decode_worker_is_assumed_like_its_measured_peers():
+    from services.cache_index.policies import DecodePrior
+
+    reports = [report("a", running=4, decode_step_s=0.08, decode_row_s=0.01),
+               report("b", running=1, decode_step_s=0.05), report("c")]
+    prior = DecodePrior.of(reports)
+    assert prior.row_s == pytest.approx(0.01)  # b and c measured none
+    assert prior.step_s == pytest.approx((0.08 - 3 * 0.01 + 0.05) / 2)  # one-row steps
+    assert DecodePrior.of([report("c")]) == DecodePrior()

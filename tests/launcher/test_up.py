@@ -11,134 +11,36 @@ The tests run in file order on one stack (starting one costs most of the time)."
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
-from radixmesh.natsd import free_port
+from .up_process import MODEL, REPO, Chat, Up, chat, gone, health_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = "SmolLM2-135M-Instruct"
 QUESTIONS = [f"Tell me a short story about a {animal}." for animal in (
     "cat", "dog", "fox", "owl", "bear", "horse", "whale", "crow", "frog", "lion")]
-
-
-class Up:
-    """A running `radixmesh up`; its output (stdout + stderr) goes to a file."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.port, self.nats_port = free_port(), free_port()
-        self.log_dir = tmp / "logs"
-        self.log_dir.mkdir()
-        (self.log_dir / "gateway.log").write_text("A LINE OF AN EARLIER RUN\n")
-        self.out = tmp / "up.out"
-        # NOTE: float32: greedy bf16 output can flip at near-ties between a decode and the
-        # prefill that resumes it elsewhere, so only fp32 output is compared
-        cmd = [sys.executable, "-m", "radixmesh.cli", "up", "--workers", "2", "--threads", "1",
-               "--dtype", "float32", "--kv-slots", "4096", "--max-tokens-cap", "512", "--port", str(self.port), "--nats-port", str(self.nats_port),
-               "--log-dir", str(self.log_dir)]
-        with open(self.out, "wb") as out:
-            # NOTE: a session of its own, as a shell job: Ctrl-C is a SIGINT to its group
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    def wait_for_output(self, pattern: str, timeout: float) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = re.search(pattern, self.output())
-            if found:
-                return found
-            assert self.proc.poll() is None, f"radixmesh up exited:\n{self.output()}"
-            assert time.monotonic() < deadline, f"no {pattern!r} in:\n{self.output()}"
-            time.sleep(0.1)
-
-    def children(self) -> dict[str, int]:
-        """The launcher's child processes by what they are: ``nats-server``, a service
-        name, or ``gpu_worker:<worker id>`` (read from /proc, not from the launcher)."""
-        found = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-                args = (stat.parent / "cmdline").read_bytes().decode().split("\0")
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid != self.proc.pid:
-                continue
-            if "-m" in args and args[args.index("-m") + 1].startswith("services."):
-                name = args[args.index("-m") + 1].removeprefix("services.")
-                if name == "gpu_worker":
-                    name += ":" + args[args.index("--worker-id") + 1]
-                found[name] = int(stat.parent.name)
-            elif Path(args[0]).name == "nats-server":
-                found["nats-server"] = int(stat.parent.name)
-        return found
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+# NOTE: float32: greedy bf16 output can flip at near-ties between a decode and the
+# prefill that resumes it elsewhere, so only fp32 output is compared
+ARGS = ["--workers", "2", "--threads", "1", "--dtype", "float32", "--kv-slots", "4096",
+        "--max-tokens-cap", "512"]
 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory):
-    running = Up(tmp_path_factory.mktemp("up"))
+    running = Up(tmp_path_factory.mktemp("up"), ARGS)
     try:
-        running.wait_for_output(r"radixmesh is serving", 600)
-        deadline = time.monotonic() + 120
-        while (health := httpx.get(running.url + "/health", timeout=5).json()).get("workers") != 2:
-            assert time.monotonic() < deadline, health
-            time.sleep(0.25)
+        running.wait_serving(workers=2)
         yield running
     finally:
         running.stop()
-
-
-@dataclass
-class Chat:
-    """One streamed chat completion as the client saw it."""
-
-    status: int = 0
-    worker: str = ""  # x-radixmesh-worker: where it started
-    text: str = ""
-    finishes: list[str] = field(default_factory=list)
-    errors: list[dict] = field(default_factory=list)
-
-
-async def chat(client: httpx.AsyncClient, question: str, out: Chat | None = None,
-               started: asyncio.Event | None = None, max_tokens: int = 32) -> Chat:
-    out = out or Chat()
-    body = {"model": MODEL, "messages": [{"role": "user", "content": question}],
-            "temperature": 0, "max_tokens": max_tokens, "stream": True}
-    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-        out.status, out.worker = resp.status_code, resp.headers.get("x-radixmesh-worker", "")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                out.errors.append(event["error"])
-            for choice in event.get("choices", []):
-                out.text += choice["delta"].get("content") or ""
-                if out.text and started is not None:
-                    started.set()
-                if choice.get("finish_reason"):
-                    out.finishes.append(choice["finish_reason"])
-    return out
 
 
 async def served_by(client: httpx.AsyncClient, limit: float, want: str | None = None) -> str:
@@ -158,24 +60,6 @@ async def served_by(client: httpx.AsyncClient, limit: float, want: str | None = 
                     return worker
         await asyncio.sleep(0.2)
     raise AssertionError(f"no request served{' by ' + want if want else ''} within {limit}s")
-
-
-async def health_until(client: httpx.AsyncClient, status: str, limit: float) -> dict:
-    """Poll /health until its status is ``status`` (200 for ok and degraded)."""
-    deadline = time.monotonic() + limit
-    while True:
-        try:
-            resp = await client.get("/health")
-        except httpx.TransportError:  # the gateway itself is restarting
-            assert time.monotonic() < deadline, f"/health never answered within {limit}s"
-            await asyncio.sleep(0.1)
-            continue
-        body = resp.json()
-        if body.get("status") == status:
-            assert resp.status_code == (503 if status == "unavailable" else 200), body
-            return body
-        assert time.monotonic() < deadline, f"/health never {status}: {body}"
-        await asyncio.sleep(0.1)
 
 
 async def test_a_killed_worker_loses_no_stream_and_serves_again_after_its_restart(up):
@@ -272,23 +156,16 @@ def test_ctrl_c_stops_services_then_the_broker_and_exits_0(up):
     assert {"nats-server", "gateway", "scheduler", "tokenizer", "cache_index"} <= set(children)
     conf = Path(os.environ.get("TMPDIR", "/tmp")) / f"radixmesh-nats-{up.nats_port}.conf"
     assert conf.exists() and (up.log_dir / "stack.json").exists()
-    os.killpg(up.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-    assert up.proc.wait(timeout=60) == 0, up.output()
+    assert up.ctrl_c() == 0, up.output()
     output = up.output()
     assert "Traceback" not in output
     stopping = output.index("radixmesh: stopping")
     assert "restarted" not in output[stopping:] and "while stopping" not in output[stopping:], output
     for pid in children.values():
-        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
+        assert gone(pid), pid
     assert not conf.exists() and not (up.log_dir / "stack.json").exists()
     for log in up.log_dir.glob("*.log"):
         assert "Traceback" not in log.read_text(errors="replace"), log
     services = [log for log in up.log_dir.glob("*.log") if log.stem != "nats-server"]
     assert len(services) == 6 and all(" stopping" in log.read_text() for log in services)
 
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True

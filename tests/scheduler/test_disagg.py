@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from prometheus_client import REGISTRY
 
 from libs.protocol.messages import ErrorInfo, KVReady, SamplingParams, WorkerInfo, staging_id
 from services.scheduler.config import CoreConfig
 from services.scheduler.core import SchedulerCore
-from services.scheduler.disagg import deadline_s, prefill_sampling
+from services.scheduler.disagg import prefill_sampling
 from services.scheduler.request import Handoff, Req, Transfer
+from services.scheduler.transfer_rates import DEFAULT_TRANSFER_BPS, layout_token_bytes
 
 from .slot_worker import SlotWorker
 from .test_core import EOS, assert_all_slots_back, drain
@@ -21,10 +23,10 @@ from .test_core import EOS, assert_all_slots_back, drain
 LAYOUT = "2 layers x 1 KV heads x 4 dims, float32"
 
 
-def make(worker_id, kv_slots=512, role="both", **cfg):
+def make(worker_id, kv_slots=512, role="both", layout=LAYOUT, **cfg):
     info = WorkerInfo(worker_id=worker_id, model="m", kv_slots=kv_slots, max_requests=16,
                       max_model_len=512, vocab_size=1000, eos_token_ids=[EOS], dtype="float32",
-                      kv_layout=LAYOUT, role=role)
+                      kv_layout=layout, role=role)
     return SchedulerCore(info, CoreConfig(**cfg)), SlotWorker(kv_slots, 16, 512)
 
 
@@ -53,7 +55,7 @@ class Pair:
             t = req.transfer
             pre = Req(rid=t.transfer_id, input_ids=req.input_ids, detok_instance="",
                       sampling=prefill_sampling(req.sampling, req.seed))
-            pre.handoff = Handoff(t.transfer_id, "d", "", t.skip, deadline_s(req))
+            pre.handoff = Handoff(t.transfer_id, "d", "", t.skip, self.d.decode.deadline_s(req))
             self.p.submit(pre)
         for pre in self.p.prefill.take():  # KVSend: export on P, stage on D, report
             tid = pre.handoff.transfer_id
@@ -186,7 +188,7 @@ def test_deadline_falls_back_and_a_late_report_is_dropped():
     taken = pair.d.decode.take_requests()
     assert taken == [req]
     req.transfer.sent_at = 1.0
-    expired = pair.d.decode.expired(1.0 + deadline_s(req) + 0.1)
+    expired = pair.d.decode.expired(1.0 + pair.d.decode.deadline_s(req) + 0.1)
     assert expired == [req]
     pair.d.decode.fall_back(req, "deadline")
     assert pair.d.decode.take_cancels() == [("p", "t-a")]
@@ -240,3 +242,44 @@ def test_preallocation_waits_for_room():
     assert len(out) == 4 and all(len(v) == 8 for v in out.values())
     assert_all_slots_back(pair.d)
     assert_all_slots_back(pair.p)
+
+
+SMOL = "30 layers x 3 KV heads x 64 dims, float32"  # SmolLM2-135M: 46,080 bytes a token
+
+
+def test_the_transfer_deadline_rests_on_the_measured_transfer_rate():
+    core, _ = make("d", role="decode", layout=SMOL)
+    book = core.decode
+    req = request("a", range(10, 1510))  # 1,500 tokens, none cached here
+    req.transfer = Transfer("t-a", "p1", predicted_s=0.5)
+    prefill_s = 1500 * 2e-3  # NOTE: more than the router's 0.5 s: at least 2 ms a token
+    # nothing measured yet: 69 MB at the prior rate (NATS chunks on one host), 0.115 s
+    assert book.deadline_s(req) == pytest.approx(3 * (prefill_s + 1500 * 46_080 / DEFAULT_TRANSFER_BPS) + 1)
+    # a transfer from p1 that took 1.4 s for those 69 MB (49 MB/s: a slow network),
+    # reported after its request gave up: it measured the path all the same
+    book.ready(KVReady(transfer_id="late", ok=True, first_token=1, num_tokens=1500,
+                       nbytes=69_120_000, seconds=1.4, prefill_worker="p1"))
+    assert book.take_drops() == ["late"]
+    assert book.deadline_s(req) == pytest.approx(3 * (prefill_s + 1.4) + 1)
+    # a failed one measures nothing; a faster one moves the average (EMA) toward it
+    book.ready(KVReady(transfer_id="x", ok=False, nbytes=1000, seconds=10.0, prefill_worker="p1"))
+    book.ready(KVReady(transfer_id="y", ok=True, first_token=1, num_tokens=1500,
+                       nbytes=69_120_000, seconds=0.1, prefill_worker="p1"))
+    rate = 0.8 * 69_120_000 / 1.4 + 0.2 * 69_120_000 / 0.1
+    assert book.rates.bps("p1") == pytest.approx(rate)
+    # another prefill worker, not measured yet, is assumed like the ones that were
+    other = request("b", range(10, 1510))
+    other.transfer = Transfer("t-b", "p2", predicted_s=0.5)
+    assert book.deadline_s(other) == pytest.approx(book.deadline_s(req))
+    # only the tokens beyond what this worker caches move
+    req.transfer.skip = 1000
+    assert book.deadline_s(req) == pytest.approx(3 * (prefill_s + 500 * 46_080 / rate) + 1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_layout_workers_announce_says_a_tokens_kv_bytes(dtype):
+    from libs.transfer import KVLayout  # NOTE: the workers' side (torch)
+
+    layout = KVLayout(30, 3, 64, dtype)
+    assert layout_token_bytes(layout.describe()) == layout.token_bytes
+    assert layout_token_bytes("") == layout_token_bytes("30 layers x 3 KV heads x 64 dims, int4") == 0
