@@ -209,6 +209,11 @@ class LoadReport(Base, tag="load.v1"):
     store_prefix: str = ""
     store_load_tps: float = 0.0
     decode_row_s: float = 0.0  # measured: what one more decoding row adds to a decode step (0: not yet)
+    # a decode worker leaves a prompt to its prefill peer when at least this many of its
+    # tokens are uncached there (the scheduler's --remote-prefill-min-tokens), and takes the
+    # KV in at this many tokens/s (measured over its transfers; before any, assumed; 0: unknown)
+    remote_prefill_min_tokens: int = 256
+    transfer_tps: float = 0.0
 
 
 class WorkerSummary(Base):

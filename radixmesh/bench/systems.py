@@ -11,6 +11,8 @@
 - ``radixmesh-pd``: a stack of as many workers as ``--workers`` (at least 2),
   half of them prefill workers and the rest decode workers, which move each
   request's KV from one to the other (prefill/decode disaggregation);
+- ``radixmesh-pd-<P>p<D>d``: a stack of ``P`` prefill and ``D`` decode workers
+  whatever ``--workers`` says (e.g. ``radixmesh-pd-2p1d``: more prefill capacity);
 - ``radixmesh-<policy>``: a stack whose cache index routes with ``<policy>``
   (``cache_aware``, ``round_robin``, ``least_load``, ``random``, ``prefix_hash``).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +46,7 @@ ROUTING_POLICIES = ("cache_aware", "round_robin", "least_load", "random", "prefi
 DEFAULT_SYSTEMS = ("radixmesh", "radixmesh-no-cache", "hf-generate")
 NO_CACHE_FLAG = "--disable-radix-cache"
 NO_OVERLAP_FLAG = "--disable-overlap-schedule"
+PD_COUNTS = re.compile(r"radixmesh-pd-(\d+)p(\d+)d")  # radixmesh-pd-<P>p<D>d
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -97,6 +101,14 @@ def pd_split(workers: int) -> tuple[tuple[str, int], ...]:
             ("decode_workers", workers - workers // 2))
 
 
+def _pd_counts(name: str) -> tuple[tuple[str, int], ...]:
+    """``radixmesh-pd-<P>p<D>d`` as a stack layout (P, D >= 1); () for any other name."""
+    m = PD_COUNTS.fullmatch(name)
+    if m is None or not (int(m[1]) and int(m[2])):
+        return ()
+    return (("workers", 0), ("prefill_workers", int(m[1])), ("decode_workers", int(m[2])))
+
+
 def _plan_pd(plan: Plan, url: str | None, workers: int) -> None:
     if url:
         plan.notes.append("radixmesh-pd skipped: it needs a stack started by the harness")
@@ -111,11 +123,17 @@ def _plan_pd(plan: Plan, url: str | None, workers: int) -> None:
 def plan_systems(wanted: list[str], url: str | None, workers: int = 1) -> Plan:
     plan = Plan()
     routed = {f"radixmesh-{p}": p for p in ROUTING_POLICIES}
-    unknown = sorted(set(wanted) - set(SYSTEMS) - set(routed))
+    unknown = sorted(set(wanted) - set(SYSTEMS) - set(routed) - set(filter(_pd_counts, wanted)))
     if unknown:
-        raise BenchError(f"unknown system(s) {unknown}; choose from {[*SYSTEMS, *routed]}")
+        raise BenchError(f"unknown system(s) {unknown}; choose from "
+                         f"{[*SYSTEMS, *routed, 'radixmesh-pd-<P>p<D>d (P, D >= 1)']}")
     for name in wanted:
-        if name in routed:
+        if _pd_counts(name):
+            if url:
+                plan.notes.append(f"{name} skipped: it needs a stack started by the harness")
+            else:
+                plan.systems.append(SystemPlan(name, "stack", stack=_pd_counts(name)))
+        elif name in routed:
             if url:
                 plan.notes.append(f"{name} skipped: it needs a stack started by the harness")
             else:

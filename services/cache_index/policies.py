@@ -19,6 +19,13 @@ the worker's measured step time and growth per row), over at most
 part and that output is picked only when none has room. So decode streams spread over
 decode workers, while one holding the prompt's prefix keeps it unless its batch is
 much larger.
+
+A decode worker that will leave the prompt to a prefill peer (at least its
+``remote_prefill_min_tokens`` uncached there) is scored as the pair: the peer's score
+(its queue, its own prefix hit, its compute) plus the prompt's KV beyond the decode
+worker's cached prefix moved in at the decode worker's transfer rate (``pair_score``).
+There its cached prefix saves only those bytes (~77 us a token in fp32 over NATS),
+not a prefill (~1-2 ms a token on one CPU thread), so it no longer outweighs decode load.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ BALANCE_REL = 2.0  # ... and by this ratio: route least-loaded instead
 # further row adds (SmolLM2-135M fp32, one CPU thread: ~48 ms at 1 row, ~107 ms at 8)
 DEFAULT_DECODE_STEP_S = 0.05
 DEFAULT_DECODE_ROW_S = 0.008
+# until a decode worker reports its rate: 0.6 GB/s (NATS chunks, one host) over 46 KB a
+# token (SmolLM2-135M fp32; the scheduler assumes the same: transfer_rates.py)
+DEFAULT_TRANSFER_TPS = 13_000.0
 # steps over which the rows a load report shows are assumed to stay: they finish and
 # others arrive, so a longer output does not make today's batch weigh more
 DECODE_HORIZON_TOKENS = 128
@@ -53,7 +63,7 @@ class Candidate:
     cached: int  # prompt tokens this worker holds on the device (index view + bookings)
     load: int  # running + waiting + booked requests
     queued_tokens: int  # prefill tokens ahead of this request
-    score: float = 0.0  # seconds: predicted TTFT + recomputation cost + decode load
+    score: float = 0.0  # seconds: predicted TTFT + recomputation cost + decode load (pair_score)
     cached_host: int = 0  # further prompt tokens in its host tier (loaded back, not computed)
     cached_store: int = 0  # further prompt tokens in the shared store (fetched, not computed)
     decode_s: float = 0.0  # seconds: the decode load it would add there (decode_cost)
@@ -84,6 +94,25 @@ def computed(c: Candidate, num_tokens: int) -> int:
 def score(c: Candidate, num_tokens: int) -> float:
     rate = c.state.report.prefill_tps or DEFAULT_PREFILL_TPS
     return predict_ttft(c, num_tokens) + computed(c, num_tokens) / rate + c.decode_s
+
+
+def prefills_remotely(c: Candidate, num_tokens: int) -> bool:
+    """Whether ``c``, a decode worker, leaves the prompt to a prefill peer (as its
+    scheduler decides: tokens in neither its device nor its host tier)."""
+    report = c.state.report
+    return (report.role == "decode"
+            and num_tokens - c.cached - c.cached_host >= report.remote_prefill_min_tokens)
+
+
+def pair_score(c: Candidate, peer: Candidate, num_tokens: int) -> float:
+    """Seconds for decode worker ``c`` with prefill peer ``peer`` (scored): the peer's
+    predicted TTFT and compute, the KV beyond ``c``'s cached prefix moved in at ``c``'s
+    transfer rate (its host-tier part loaded back), one decode step, the decode load."""
+    report = c.state.report
+    rate = report.prefill_tps or DEFAULT_PREFILL_TPS
+    load_rate = report.host_load_tps or HOST_LOAD_SPEEDUP * rate
+    moved = (num_tokens - c.cached - c.cached_host) / (report.transfer_tps or DEFAULT_TRANSFER_TPS)
+    return peer.score + moved + c.cached_host / load_rate + report.decode_step_s + c.decode_s
 
 
 @dataclass(frozen=True)

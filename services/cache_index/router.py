@@ -9,7 +9,8 @@ from libs.protocol import errors
 from libs.protocol.hashing import block_hashes
 from libs.protocol.messages import RouteRequest
 
-from .policies import DECODE_HORIZON_TOKENS, POLICIES, Candidate, DecodePrior, computed, decode_cost, score
+from .policies import (DECODE_HORIZON_TOKENS, POLICIES, Candidate, DecodePrior, computed, decode_cost,
+                       pair_score, prefills_remotely, score)
 from .prefix_index import PrefixIndex, prompt_hashes
 from .registry import Registry
 from .store_pages import StorePages
@@ -67,14 +68,29 @@ class Router:
         hashes: dict[int, list[int]] = {}
         serving = [s for s in states if s.report.role != "prefill"] or states
         cands = self._candidates(serving, req, hashes, min(req.max_new_tokens, DECODE_HORIZON_TOKENS))
+        peers = self._peers(cands, states, req, hashes)
         chosen = self._pick(cands, req, hashes)
         prefill = None
-        if chosen.state.report.role == "decode":
-            peers = [s for s in states if s.report.role == "prefill"
-                     and s.report.kv_layout == chosen.state.report.kv_layout]
-            if peers:
-                prefill = self._pick(self._candidates(peers, req, hashes), req, hashes)
+        if peers.get(chosen.worker_id):
+            prefill = self._pick(peers[chosen.worker_id], req, hashes)
         return Decision(chosen, cands, prefill)
+
+    def _peers(self, cands: list[Candidate], states, req: RouteRequest,
+               hashes: dict[int, list[int]]) -> dict[str, list[Candidate]]:
+        """Each decode candidate's prefill peers (same KV layout), scored; one that will
+        leave the prompt to them is rescored as the pair with the best (``pair_score``)."""
+        decoders = [c for c in cands if c.state.report.role == "decode"]
+        prefillers = [s for s in states if s.report.role == "prefill"]
+        if not decoders or not prefillers:
+            return {}
+        scored = self._candidates(prefillers, req, hashes)
+        peers = {}
+        for c in decoders:
+            same = [p for p in scored if p.state.report.kv_layout == c.state.report.kv_layout]
+            peers[c.worker_id] = same
+            if same and prefills_remotely(c, req.num_tokens):
+                c.score = pair_score(c, min(same, key=lambda p: p.score), req.num_tokens)
+        return peers
 
     def _candidates(self, states, req: RouteRequest, hashes: dict[int, list[int]],
                     out_tokens: int = 0) -> list[Candidate]:

@@ -31,6 +31,8 @@ def load_report(core: SchedulerCore, rates: StepRates, scheduler_id: str, ts: fl
         host_load_tps=rates.host_load_tps, role=info.role, kv_layout=info.kv_layout,
         store_prefix=core.store.keys.prefix if core.store else "",
         store_load_tps=core.store.fetch_tps if core.store else 0.0, decode_row_s=rates.decode_row_s,
+        remote_prefill_min_tokens=core.config.remote_prefill_min_tokens,
+        transfer_tps=core.decode.rates.tokens_per_s(),
     )
 
 

@@ -45,6 +45,10 @@ class TransferRates:
     def bps(self, peer: str) -> float:
         return self.by_peer.get(peer) or self.overall or DEFAULT_TRANSFER_BPS
 
+    def tokens_per_s(self) -> float:
+        """Tokens of KV moved in per second over every peer (what the router credits)."""
+        return 1.0 / self.seconds("", 1)
+
     def seconds(self, peer: str, tokens: int) -> float:
         """Predicted seconds to move ``tokens`` tokens of KV from ``peer``."""
         if not self.token_bytes:

@@ -1,4 +1,6 @@
-from radixmesh.bench.systems import HOST_TIER_RATIO, RunResult, pd_split, plan_systems, run_stack
+import pytest
+
+from radixmesh.bench.systems import BenchError, HOST_TIER_RATIO, RunResult, pd_split, plan_systems, run_stack
 from radixmesh.bench.transfers import Transfers
 
 
@@ -20,6 +22,17 @@ def test_pd_system_splits_the_same_workers_into_prefill_and_decode():
     for url, workers in ((None, 1), ("http://127.0.0.1:1", 2)):
         skipped = plan_systems(["radixmesh-pd"], url=url, workers=workers)
         assert not skipped.systems and "radixmesh-pd skipped" in skipped.notes[0]
+
+
+def test_pd_system_with_given_prefill_and_decode_counts():
+    [pd] = plan_systems(["radixmesh-pd-2p1d"], url=None, workers=2).systems
+    assert (pd.kind, pd.layout(2)) == ("stack", "2 prefill + 1 decode")
+    assert dict(pd.stack) == {"workers": 0, "prefill_workers": 2, "decode_workers": 1}
+    remote = plan_systems(["radixmesh-pd-2p1d"], url="http://127.0.0.1:1")
+    assert not remote.systems and "needs a stack" in remote.notes[0]
+    for bad in ("radixmesh-pd-0p1d", "radixmesh-pd-2p", "radixmesh-pd-2p0d"):
+        with pytest.raises(BenchError, match="radixmesh-pd-<P>p<D>d"):
+            plan_systems([bad], url=None, workers=2)
 
 
 def test_run_stack_starts_the_pd_layout_and_reads_its_transfers(monkeypatch, tmp_path):

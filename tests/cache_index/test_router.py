@@ -5,6 +5,7 @@ import pytest
 from libs.protocol import ServiceError
 from libs.protocol.hashing import block_hashes
 from libs.protocol.messages import KVEvent, KVEventBatch, RouteRequest
+from services.cache_index.policies import score
 from services.cache_index.prefix_index import PrefixIndex
 from services.cache_index.router import Router
 from services.cache_index.registry import Registry
@@ -163,14 +164,14 @@ def test_only_prefill_workers_left_serve_alone():
 TEMPLATE = list(range(5000, 5032))  # a chat template's opening: two pages every stream shares
 
 
-def decode_pair(**measured):
+def decode_pair(p1_tps: float = 800.0, **measured):
     """Decode workers d1 and d2 (d1 holds the template and measured a faster prefill: what
     made the bench send 7 of 8 streams to one of them), a prefill worker p1."""
     clock = Clock()
     reg = Registry(clock=clock)
     for wid in ("d1", "d2"):
         reg.update(report(wid, role="decode", kv_layout="L", free=4096, **measured.get(wid, {})))
-    reg.update(report("p1", role="prefill", kv_layout="L", free=4096, prefill_tps=800.0))
+    reg.update(report("p1", role="prefill", kv_layout="L", free=4096, prefill_tps=p1_tps))
     router = Router(reg, PrefixIndex(), "cache_aware")
     cached_on(router.index, "d1", TEMPLATE)
     return router, reg, clock
@@ -206,7 +207,7 @@ def test_a_decode_worker_holding_the_prefix_wins_unless_its_batch_is_much_larger
     step = {"decode_step_s": 0.05, "decode_row_s": 0.008, "prefill_tps": 500.0}
 
     def pick(d1_running: int) -> tuple[str, dict[str, float]]:
-        router, _, _ = decode_pair(d1={**step, "running": d1_running,
+        router, _, _ = decode_pair(p1_tps=500.0, d1={**step, "running": d1_running,
                                        "decode_step_s": 0.05 + (d1_running - 1) * 0.008}, d2=step)
         cached_on(router.index, "d1", DOC)
         decision = router.route(stream("r", DOC + [1, 2, 3], 64))
@@ -215,7 +216,8 @@ def test_a_decode_worker_holding_the_prefix_wins_unless_its_batch_is_much_larger
 
     # d1 runs one stream: each of 64 steps costs 16 ms more there (its own step has a
     # second row, and it adds a row to that stream's: 2 x 8 ms), 1.0 s in all, against
-    # 2 x 400 / 500 = 1.6 s of prefill saved (predicted TTFT + recomputation)
+    # 2 x 400 / 500 = 1.6 s of prefill saved (predicted TTFT + recomputation: d1 computes
+    # the 3 tokens beyond DOC itself, d2 would leave all 403 to p1 at 500 tokens/s)
     chosen, decode_s = pick(1)
     assert chosen == "d1" and decode_s["d1"] == pytest.approx(64 * (0.05 + 0.008 + 0.008))
     assert decode_s["d2"] == pytest.approx(64 * 0.05)
@@ -241,3 +243,39 @@ def test_an_unmeasured_decode_worker_is_assumed_like_its_measured_peers():
     assert prior.row_s == pytest.approx(0.01)  # b and c measured none
     assert prior.step_s == pytest.approx((0.08 - 3 * 0.01 + 0.05) / 2)  # one-row steps
     assert DecodePrior.of([report("c")]) == DecodePrior()
+
+
+def test_a_decode_worker_leaving_the_prompt_to_a_peer_is_credited_its_prefix_at_the_transfer_rate():
+    """A 1,000-token prompt; d1 holds its first 400 tokens, d2 none: both leave it to a
+    prefill peer (600 and 1,000 tokens uncached, >= 256), the one holding the document
+    (p2) computes it. d1's prefix saves moving 400 tokens' KV (400 / 10,000 tokens/s:
+    40 ms), not computing them (2 x 400 / 500 = 1.6 s): its one running stream (64 steps
+    x 16 ms = 1.0 s) sends the request to d2."""
+    step = {"decode_step_s": 0.05, "decode_row_s": 0.008, "prefill_tps": 500.0, "transfer_tps": 10_000.0}
+    prompt = DOC + list(range(20_000, 20_600))
+
+    def route(**d1):
+        clock = Clock()
+        reg = Registry(clock=clock)
+        reg.update(report("d1", role="decode", kv_layout="L", free=4096,
+                          **{**step, "running": 1, **d1}))
+        reg.update(report("d2", role="decode", kv_layout="L", free=4096, **step))
+        for wid in ("p1", "p2"):
+            reg.update(report(wid, role="prefill", kv_layout="L", free=4096, prefill_tps=800.0))
+        router = Router(reg, PrefixIndex(), "cache_aware")
+        cached_on(router.index, "d1", DOC)
+        cached_on(router.index, "p2", DOC)
+        decision = router.route(stream("r", prompt, 64))
+        return decision, {c.worker_id: c for c in decision.candidates}
+
+    decision, c = route()
+    assert decision.chosen.worker_id == "d2" and decision.prefill.worker_id == "p2"
+    peer = 2 * 600 / 800  # p2's predicted TTFT and compute: the pair's prefill part
+    assert c["d2"].score == pytest.approx(peer + 1000 / 10_000 + 0.05 + 64 * 0.05)
+    assert c["d1"].score - c["d2"].score == pytest.approx(64 * 0.016 - 400 / 10_000)
+    # credited at d1's own prefill rate, as if it computed the prompt, d1 would have won
+    assert score(c["d1"], len(prompt)) < score(c["d2"], len(prompt))
+    # a d1 that prefills 600 uncached tokens itself (its threshold is higher) is scored so
+    _, c = route(remote_prefill_min_tokens=1000)
+    assert c["d1"].score == pytest.approx(score(c["d1"], len(prompt)))
+    assert c["d1"].score == pytest.approx(2 * 600 / 500 + 0.05 + 64 * (0.05 + 0.008 + 0.008))

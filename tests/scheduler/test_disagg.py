@@ -274,6 +274,10 @@ def test_the_transfer_deadline_rests_on_the_measured_transfer_rate():
     # only the tokens beyond what this worker caches move
     req.transfer.skip = 1000
     assert book.deadline_s(req) == pytest.approx(3 * (prefill_s + 500 * 46_080 / rate) + 1)
+    # the router reads the rate (tokens/s, over every peer) and the threshold in the load report
+    report = core.load_report(core.rates, "s", 0.0)
+    assert report.transfer_tps == pytest.approx(book.rates.overall / 46_080)
+    assert report.remote_prefill_min_tokens == 256
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
