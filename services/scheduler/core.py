@@ -272,7 +272,8 @@ class SchedulerCore:
         # NOTE: cached_tokens on every delta: a stop string may end the stream before our finish
         self._out.append((req.detok_instance, TokenDelta(
             rid=req.rid, token_ids=[token], cached_tokens=req.cached_tokens,
-            cached_host_tokens=req.cached_host_tokens, logprobs=pop_logprobs(req))))
+            cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,
+            logprobs=pop_logprobs(req))))
 
     def _finish_reason(self, req: Req, token: int) -> str | None:
         if token in req.sampling.stop_token_ids:
@@ -305,5 +306,5 @@ class SchedulerCore:
             rid=req.rid, token_ids=tokens or [], finish_reason=reason, error=req.error,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens, logprobs=pop_logprobs(req),
-            cached_host_tokens=req.cached_host_tokens,
+            cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,
         )))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -42,6 +43,7 @@ class RadixCache:
         self._roots: dict[str, TreeNode] = {}
         self._evictable = 0
         self._protected = 0
+        self.pinned: Counter[int] = Counter()  # lower-tier pages kept for a queued request (hashes)
 
     # -- queries ------------------------------------------------------------
 
@@ -175,7 +177,7 @@ class RadixCache:
         NOTE: call it between steps only: a node matched for a load-back in the
         step being planned must not go."""
         heap = [(self._priority(n), id(n), n) for n in self._all_nodes()
-                if not n.on_device and not n.children]
+                if not n.on_device and not n.children and not self._is_pinned(n)]
         heapq.heapify(heap)
         count = 0
         while heap and count < num_tokens:
@@ -183,9 +185,24 @@ class RadixCache:
             count += len(leaf.key)
             parent = leaf.parent
             self._drop(leaf)
-            if not parent.is_root and not parent.on_device and not parent.children:
+            if (not parent.is_root and not parent.on_device and not parent.children
+                    and not self._is_pinned(parent)):
                 heapq.heappush(heap, (self._priority(parent), id(parent), parent))
         return count
+
+    def pin(self, hashes: list[int]) -> None:
+        """Keep these lower-tier pages out of :meth:`evict_lower` (fetched for a request
+        that has not started yet) until :meth:`unpin`."""
+        self.pinned.update(hashes)
+
+    def unpin(self, hashes: list[int]) -> None:
+        self.pinned.subtract(hashes)
+        for h in hashes:
+            if self.pinned[h] <= 0:
+                del self.pinned[h]
+
+    def _is_pinned(self, node: TreeNode) -> bool:
+        return bool(self.pinned) and any(h in self.pinned for h in node.hashes)
 
     def reset(self) -> np.ndarray:
         """Drop everything (refused while anything is locked); returns the device slots."""

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from libs.protocol.hashing import block_hashes
 from libs.protocol.messages import FetchReply
-from libs.transfer.store import page_keys
+from libs.transfer.store import page_key
 
 from .cache import KVCache
 from .host_tier import HostTier, StoreKeys
@@ -35,6 +36,7 @@ MIN_DEADLINE_S, MAX_DEADLINE_S = 0.05, 5.0
 @dataclass(eq=False)
 class Fetch:
     keys: list[str]
+    hashes: list[int]  # the tree's page hashes of those keys
     slots: np.ndarray  # host slots, ``page_tokens`` per key
     start: int  # tokens cached (device + host) before the fetch: the first key's position
     deadline_s: float
@@ -69,10 +71,10 @@ class StoreFetcher:
         if pages < MIN_PAGES:
             self.outcomes["no_room"] += 1
             return None
-        keys = page_keys(self.keys.model, self.keys.kv_dtype, req.fill()[: start + pages * page],
-                         req.namespace, page)[start // page:]
+        hashes = block_hashes(req.fill()[: start + pages * page], page, req.namespace)[start // page:]
+        keys = [page_key(self.keys.model, self.keys.kv_dtype, h) for h in hashes]
         deadline = min(max(min(recompute, 3 * fetch), MIN_DEADLINE_S), MAX_DEADLINE_S)
-        planned = Fetch(keys, self.host.slots.alloc(pages * page), start, deadline)
+        planned = Fetch(keys, hashes, self.host.slots.alloc(pages * page), start, deadline)
         self.fetching[req.rid] = (req, planned)
         return planned
 
@@ -94,6 +96,9 @@ class StoreFetcher:
                                                 f.start, f.slots[: arrived * page])
         if used < len(f.slots):
             self.host.free(f.slots[used:])
+        if used:  # NOTE: kept in the host tier until the request starts: room for others is made elsewhere
+            self.cache.pin(req, f.hashes[: used // page])
+        req.fetched = (f.start, f.start + used)
         self.outcomes[outcome(reply, arrived, len(f.keys))] += 1
         self.fetched_tokens += used
         if arrived and reply.seconds > 0:

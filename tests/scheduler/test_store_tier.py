@@ -74,6 +74,67 @@ def test_a_document_prefilled_on_a_comes_from_the_store_on_b():
     assert_all_slots_back(b)
 
 
+def tiers(req):
+    return (req.cached_tokens - req.cached_host_tokens - req.cached_store_tokens,
+            req.cached_host_tokens, req.cached_store_tokens)
+
+
+def test_store_tokens_are_reported_apart_from_host_and_device():
+    store: dict = {}
+    a, aw = make("a", store)
+    run(a, aw, [request("r1", DOC + [7, 8, 9])])
+    evict_all(a, aw)
+    b, bw = make("b", store)
+    head = request("head", DOC[: 6 * PAGE] + [1, 2, 3])
+    run(b, bw, [head], fetch_arrived=0)  # B computes the first 6 pages itself
+    whole = request("whole", DOC + [7, 8, 9])
+    b.submit(whole)
+    f = b.store.fetching["whole"][1]
+    assert f.start == 6 * PAGE
+    b.fetched(whole, FetchReply(arrived=bw.fetch(f.keys, f.slots.tolist()), seconds=0.01))
+    finals = {}
+    while b.has_work():
+        if (batch := b.next_batch()) is not None:
+            b.complete(bw.run(batch))
+        finals |= {d.rid: d for _, d in b.take_deltas() if d.finish_reason}
+    assert tiers(head) == (0, 0, 0) and tiers(whole) == (6 * PAGE, 0, 14 * PAGE)
+    done = finals["whole"]
+    assert (done.cached_tokens, done.cached_host_tokens, done.cached_store_tokens) == (len(DOC), 0, 14 * PAGE)
+    assert_all_slots_back(b)
+
+
+def test_only_the_requests_own_fetch_counts_as_store():
+    store: dict = {}
+    a, aw = make("a", store)
+    run(a, aw, [request("r1", DOC + [5])])
+    evict_all(a, aw)
+    b, bw = make("b", store, host_slots=2048)  # NOTE: room for both copies and half free
+    first = request("first", DOC + [5])
+    run(b, bw, [first], fetch_arrived=5)  # 5 pages from the store, the rest recomputed
+    assert tiers(first) == (0, 0, 5 * PAGE)
+    run(b, bw, [request("filler", list(range(3500, 3880)), 2)])  # in no store: B computes it
+    assert b.cache.match(request("x", DOC + [6]))[2:4] == (5 * PAGE, 15 * PAGE)  # the rest went to host
+    again = request("again", DOC + [6])
+    run(b, bw, [again])
+    assert tiers(again) == (5 * PAGE, 15 * PAGE, 0)  # what came from the store came for "first"
+    assert_all_slots_back(b)
+
+
+def test_fetched_pages_stay_in_the_host_tier_until_their_request_starts():
+    store: dict = {}
+    a, aw = make("a", store)
+    want = run(a, aw, [request("r1", DOC + [5])])
+    evict_all(a, aw)
+    b, bw = make("b", store)
+    evict_all(b, bw)  # B's host tier is mostly others' copies: making room drops lower-only pages
+    again = request("r1", DOC + [5])
+    got = run(b, bw, [again])
+    assert got == want
+    assert tiers(again) == (0, 0, len(DOC))  # not dropped before it started, so not recomputed
+    assert not b.cache.tree.pinned
+    assert_all_slots_back(b)
+
+
 def test_pages_are_put_when_computed_not_only_when_evicted():
     store: dict = {}
     a, aw = make("a", store)
@@ -91,8 +152,10 @@ def test_pages_that_missed_the_deadline_are_recomputed():
     want = run(a, aw, [request("r1", DOC + [5])])
     evict_all(a, aw)
     b, bw = make("b", store)
-    got = run(b, bw, [request("r1", DOC + [5])], fetch_arrived=5)
+    late = request("r1", DOC + [5])
+    got = run(b, bw, [late], fetch_arrived=5)
     assert got == want
+    assert tiers(late) == (0, 0, 5 * PAGE)
     assert b.stats().store_fetches == {"deadline": 1}
     assert b.stats().cached_tokens == 5 * PAGE
     assert_all_slots_back(b)
