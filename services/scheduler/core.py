@@ -82,7 +82,8 @@ class SchedulerCore:
         return self.planner.running
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.decode.arrived or self.decode.queue)
+        return bool(self.waiting or self.running or self.decode.arrived or self.decode.queue
+                    or (self.host is not None and self.host.owes_copies))
 
     # -- intake ---------------------------------------------------------------
 
@@ -158,7 +159,8 @@ class SchedulerCore:
         forced = bool(interval and self.steps and self.steps % interval == 0)
         step = self.planner.plan(ahead=bool(self.inflight), force_retract=forced)
         self.needs_result = step.sync
-        if not step.items and not imports:
+        owed = self.host is not None and self.host.owes_copies  # NOTE: e.g. puts of what the last step computed
+        if not step.items and not imports and not owed:
             return None
         self.steps += 1
         self.batch_sizes[len(step.items)] += bool(step.items)

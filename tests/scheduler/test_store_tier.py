@@ -135,6 +135,14 @@ def test_fetched_pages_stay_in_the_host_tier_until_their_request_starts():
     assert_all_slots_back(b)
 
 
+def test_the_last_steps_pages_are_put_without_waiting_for_another_request():
+    store: dict = {}
+    a, aw = make("a", store)
+    run(a, aw, [request("r1", DOC + [7], max_new=1)])  # it ends at its prefill step
+    assert all(k in store for k in page_keys("m", "float32", DOC, "", PAGE))
+    assert not a.has_work() and not a.host.owes_copies
+
+
 def test_pages_are_put_when_computed_not_only_when_evicted():
     store: dict = {}
     a, aw = make("a", store)
