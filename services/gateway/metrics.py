@@ -166,7 +166,8 @@ class ClusterView:
                                        [*labels, "reason"], registry=r)
         self.store_fetches = Gauge("radixmesh:store_fetches",
                                    "Shared-store (L3) prefetches by outcome: complete, partial, deadline, "
-                                   "miss, error, skipped (predicted slower than recomputing), no_room",
+                                   "miss, error, skipped (predicted slower than recomputing), no_room, "
+                                   "joined (waited for another request's fetch of the same pages)",
                                    [*labels, "outcome"], registry=r)
         self.store_tokens = Gauge("radixmesh:store_tokens",
                                   "Tokens of KV fetched from / put to the shared store (L3)",

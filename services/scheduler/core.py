@@ -112,11 +112,12 @@ class SchedulerCore:
     def fetched(self, req: Req, reply: FetchReply) -> int:
         """The shared store's pages for ``req`` arrived (or some did): it queues now.
         Returns the tokens that joined the host tier."""
-        tokens = self.store.done(req, reply)
-        if req.aborted:
-            self._finish(req, "abort")
-        else:
-            self.waiting.append(req)
+        tokens, riders = self.store.done(req, reply)
+        for r in (req, *riders):
+            if r.aborted:
+                self._finish(r, "abort")
+            else:
+                self.waiting.append(r)
         return tokens
 
     def abort(self, rid: str, reason: str = "abort") -> bool:

@@ -109,23 +109,27 @@ class RadixCache:
             node = self._add_leaf(node, key[pos:], np.asarray(slots[pos : len(key)], np.int64))
         return existing, node
 
-    def insert_lower(self, namespace: str, tokens, start: int, lower: np.ndarray) -> int:
+    def insert_lower(self, namespace: str, tokens, start: int, lower: np.ndarray) -> tuple[int, int]:
         """Pages [start, len) of ``tokens`` arrived in the lower tier's slots ``lower``
-        (from the shared store): a lower-tier leaf below the node ending at ``start``.
-        Returns the tokens inserted; 0 when that path changed meanwhile (the caller
-        frees the slots)."""
+        (from the shared store): those the tree lacks become a lower-tier leaf. Returns
+        (skip, used): the first ``skip`` tokens were in the tree already (put there
+        meanwhile: another fetch of a document with the same opening, a prefill), the next
+        ``used`` joined it; the caller frees the other slots. (0, 0) when the path up to
+        ``start`` left the tree meanwhile."""
         key = self._aligned(tokens)
         node, pos = self._root(namespace), 0
-        for child, n in self._walk(namespace, key[:start], split=True):
+        for child, n in self._walk(namespace, key, split=True):
             node, pos = child, pos + n
-        if pos != start or start >= len(key) or self._page(key, start) in node.children:
-            return 0
-        leaf = TreeNode(node, key[start:].copy(), None, block_hashes(key[start:], self.page_size,
-                                                                       parent=node.last_hash), namespace)
-        leaf.lower = np.asarray(lower, np.int64).copy()
-        node.children[self._page(key, start)] = leaf
+        if pos < start:
+            return 0, 0
+        if pos >= len(key):
+            return len(key) - start, 0
+        leaf = TreeNode(node, key[pos:].copy(), None, block_hashes(key[pos:], self.page_size,
+                                                                     parent=node.last_hash), namespace)
+        leaf.lower = np.asarray(lower[pos - start:], np.int64).copy()
+        node.children[self._page(key, pos)] = leaf
         self.on_event("stored", namespace, leaf.hashes, "host")
-        return len(key) - start
+        return pos - start, len(key) - pos
 
     def lock(self, node: TreeNode) -> None:
         while not node.is_root:
