@@ -74,7 +74,13 @@ class Bus:
             error_cb=on_error,
             **creds.connect_options(),
         ))
-        await asyncio.wait((connecting, refused), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait((connecting, refused), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # NOTE: the caller gave up (a deadline): stop retrying
+            connecting.cancel()
+            await asyncio.wait((connecting,))
+            await nc.close()
+            raise
         if not connecting.done():
             connecting.cancel()
             await asyncio.wait((connecting,))

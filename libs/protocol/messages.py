@@ -292,6 +292,7 @@ class TokenDelta(Base, array_like=True):
     cached_tokens: int = 0
     logprobs: Logprobs | None = None  # requests with return_logprob: tokens since the last delta
     cached_host_tokens: int = 0  # of cached_tokens: loaded back from the host tier
+    cached_store_tokens: int = 0  # of cached_tokens: fetched from the shared store (L3), not in host
 
 
 class DetokBatch(Base, tag="detok.v1"):
@@ -401,7 +402,8 @@ class Usage(Base, array_like=True):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
-    cached_host_tokens: int = 0  # of cached_tokens: loaded back from the host tier (the rest: device)
+    cached_host_tokens: int = 0  # of cached_tokens: loaded back from the host tier
+    cached_store_tokens: int = 0  # of cached_tokens: fetched from the shared store (the rest: device)
 
 
 class TextDelta(Base, array_like=True):

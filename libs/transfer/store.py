@@ -107,13 +107,16 @@ class StoreStats:
 class PageStore(ABC):
     """Pages by key; every call ends within about ``timeout_s`` with StoreUnavailable when
     the backend does not answer (backends bound each request by it).
-    ``in_flight``: requests a call keeps outstanding."""
+    ``in_flight``: requests a call keeps outstanding; gets, whatever the calls, at most
+    that many in all (NOTE: values the client has not read yet pile up in the server:
+    NATS cuts a connection with 64 MB pending as a slow consumer)."""
 
     def __init__(self, spec: PageSpec, timeout_s: float = 2.0, in_flight: int = 8) -> None:
         self.spec = spec
         self.timeout_s = timeout_s
         self.in_flight = in_flight
         self.stats = StoreStats()
+        self._gets = asyncio.Semaphore(in_flight)
 
     async def batch_exists(self, keys: Sequence[str]) -> int:
         """How many consecutive leading ``keys`` the store holds."""
@@ -174,7 +177,8 @@ class PageStore(ABC):
         """Release what the store holds (not the connection it was given)."""
 
     async def _get_checked(self, key: str) -> tuple[KVBuffer | None, bool]:
-        value = await self._get(key)
+        async with self._gets:
+            value = await self._get(key)
         if value is None:
             self.stats.missing += 1
             return None, False

@@ -120,7 +120,7 @@ class StreamClient:
         record.prompt_tokens = meta["prompt_tokens"]
         record.completion_tokens = meta["completion_tokens"]
         record.cached_tokens = meta.get("cached_tokens") or 0
-        record.cached_host_tokens = (meta.get("cached_tokens_details") or {}).get("host") or 0
+        _tiers(record, meta.get("cached_tokens_details"))
         record.finish_reason = (meta.get("finish_reason") or {}).get("type")
         record.server_ttft_s = meta.get("ttft_s")
         record.worker = meta.get("worker") or record.worker
@@ -151,7 +151,13 @@ class StreamClient:
             record.completion_tokens = usage["completion_tokens"]
             details = usage.get("prompt_tokens_details") or {}
             record.cached_tokens = details.get("cached_tokens") or 0
-            record.cached_host_tokens = (details.get("cached_tokens_details") or {}).get("host") or 0
+            _tiers(record, details.get("cached_tokens_details"))
+
+
+def _tiers(record: Record, details: dict | None) -> None:
+    """The server's split of the cached tokens (host, store; the rest on the device)."""
+    record.cached_host_tokens = (details or {}).get("host") or 0
+    record.cached_store_tokens = (details or {}).get("store") or 0
 
 
 async def _events(http: httpx.AsyncClient, path: str, body: dict, record: Record,

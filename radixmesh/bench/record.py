@@ -28,6 +28,7 @@ class Record:
     prompt_tokens: int = 0  # usage.prompt_tokens
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens
     cached_host_tokens: int = 0  # of those: loaded back from the host tier (cached_tokens_details)
+    cached_store_tokens: int = 0  # of those: fetched from the shared store (L3)
     completion_tokens: int = 0  # usage.completion_tokens
     client_prompt_tokens: int = 0  # the rendered prompt, counted by the harness
     stream_tokens: int | None = None  # output tokens seen in the stream (None: not countable)

@@ -22,6 +22,7 @@ _COLUMNS = (
     ("TPOT p90 (ms)", "tpot_p90_ms", "{:.1f}"),
     ("cache hit", "cache_hit_rate", "{:.1%}"),
     ("of it from host", "host_hit_rate", "{:.1%}"),
+    ("of it from store", "store_hit_rate", "{:.1%}"),
     ("worker idle", "worker_idle", "{:.1%}"),
 )
 
@@ -84,6 +85,28 @@ def pd_goals(summaries: list[Summary], classes: list[tuple[str, Summary]], base:
     return [f"{pd} / {base}: {kind} TPOT p99 {tpot:.2f}x (goal <= {PD_GOALS['tpot_p99']}x: "
             f"{verdict(tpot <= PD_GOALS['tpot_p99'])}), output throughput {tput:.2f}x "
             f"(goal >= {PD_GOALS['throughput']}x: {verdict(tput >= PD_GOALS['throughput'])})"]
+
+
+TIER_GOALS = {"hit_of_ideal": 0.9, "ttft_p50": 0.15}  # the memory-tiers issue's
+
+
+def tier_goals(summaries: list[Summary], base: str, tiered: list[str], ideal: float) -> list[str]:
+    """Each of ``tiered`` against ``base`` (tiers off): the total cache hit rate against
+    the workload's ``ideal`` (goal >= 0.9x) and TTFT p50 (goal <= 0.15x); empty unless
+    ``base`` and one of them ran."""
+    total = {s.system: s for s in summaries}
+    if base not in total or not ideal > 0 or not total[base].ttft_p50_ms > 0:
+        return []
+    verdict = lambda ok: "met" if ok else "not met"  # noqa: E731
+    lines = []
+    for name in (n for n in tiered if n in total):
+        s = total[name]
+        hit, ttft = s.cache_hit_rate / ideal, s.ttft_p50_ms / total[base].ttft_p50_ms
+        lines.append(
+            f"{name} / {base}: cache hit {s.cache_hit_rate:.1%} = {hit:.2f}x the workload's ideal "
+            f"{ideal:.1%} (goal >= {TIER_GOALS['hit_of_ideal']}x: {verdict(hit >= TIER_GOALS['hit_of_ideal'])}), "
+            f"TTFT p50 {ttft:.2f}x (goal <= {TIER_GOALS['ttft_p50']}x: {verdict(ttft <= TIER_GOALS['ttft_p50'])})")
+    return lines
 
 
 def _clean(value):

@@ -16,10 +16,10 @@ from pathlib import Path
 from .client import ClientConfig
 from .record import Record, check
 from .pd_mix import STREAM
-from .report import class_table, markdown_table, pd_goals, plot, write_json
+from .report import class_table, markdown_table, pd_goals, plot, tier_goals, write_json
 from .runner import Load
 from .stats import Summary, summarize, summarize_by_kind
-from .systems import (BenchError, Plan, RunResult, SystemPlan, bench_http, plan_systems,
+from .systems import (TIERED, BenchError, Plan, RunResult, SystemPlan, bench_http, plan_systems,
                       run_stack)
 from .transfers import transfer_table
 from .tokens import ChatTokenizer
@@ -171,21 +171,22 @@ def run_session(args: argparse.Namespace) -> int:
         raise BenchError("no system ran: " + "; ".join(meta["notes"]))
     meta["problems"] = problems = check(records)
     meta["transfers"] = {name: t and dataclasses.asdict(t) for name, _, t in transfers}
-    extra = _extra_tables(plan, summaries, classes, transfers)
+    extra = _extra_tables(plan, summaries, classes, transfers, workload.info.get("root_ideal_hit_rate", 0.0))
     return _finish(args, out_dir, meta, summaries, records, problems, classes, extra)
 
 
 def _extra_tables(plan: Plan, summaries: list[Summary], classes: list[tuple[str, Summary]],
-                  transfers: list) -> str:
+                  transfers: list, ideal: float = 0.0) -> str:
     """The per-class table (a workload of several request kinds), the KV transfers and
-    the disaggregation goals (a run with prefill/decode workers)."""
-    parts = []
+    the disaggregation goals (a run with prefill/decode workers), the memory tiers'
+    goals (a run with tiers on and off)."""
+    parts = ["\n".join(tier_goals(summaries, "radixmesh", list(TIERED), ideal))]
     if len({kind for kind, _ in classes}) > 1:
         parts.append(class_table(classes))
     if any(p.stack for p in plan.systems):
         parts.append(transfer_table(transfers))
         parts += pd_goals(summaries, classes, "radixmesh", "radixmesh-pd", STREAM)
-    return "\n\n".join(parts)
+    return "\n\n".join(p for p in parts if p)
 
 
 def _finish(args, out_dir: Path, meta: dict, summaries: list[Summary], records: list[Record],

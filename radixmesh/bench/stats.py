@@ -41,6 +41,7 @@ class Summary:
     completion_tokens: int
     cache_hit_rate: float  # cached prompt tokens / prompt tokens
     host_hit_rate: float = 0.0  # of the prompt tokens: loaded back from the host tier
+    store_hit_rate: float = 0.0  # of the prompt tokens: fetched from the shared store (L3)
     worker_idle: float = math.nan  # share of the run the workers waited between steps
     tpot_p99_ms: float = math.nan
 
@@ -56,6 +57,7 @@ def summarize(system: str, records: list[Record], duration_s: float,
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     from_host = sum(r.cached_host_tokens for r in ok)
+    from_store = sum(r.cached_store_tokens for r in ok)
     completion = sum(r.completion_tokens for r in ok)
     per_s = (lambda n: n / duration_s) if duration_s > 0 else (lambda n: math.nan)
     ms = lambda values, q: percentile(values, q) * 1000  # noqa: E731
@@ -69,7 +71,8 @@ def summarize(system: str, records: list[Record], duration_s: float,
         e2e_p50_ms=ms(e2e, 50), e2e_p90_ms=ms(e2e, 90),
         prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
         cache_hit_rate=cached / prompt if prompt else math.nan,
-        host_hit_rate=from_host / prompt if prompt else math.nan, worker_idle=worker_idle,
+        host_hit_rate=from_host / prompt if prompt else math.nan,
+        store_hit_rate=from_store / prompt if prompt else math.nan, worker_idle=worker_idle,
         tpot_p99_ms=ms(tpot, 99),
     )
 

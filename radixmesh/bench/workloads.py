@@ -8,7 +8,8 @@
 - ``multi-turn``: chat sessions growing turn by turn.
 - ``tiered-docs``: documents asked over and over, in a cycle (which defeats LRU)
   or by Zipf popularity, whose working set is several times a worker's KV pool
-  (run with a small ``--kv-slots``): what memory tiers are for.
+  (run with a small ``--kv-slots``): what memory tiers are for;
+  ``tiered-docs-zipf`` is the same documents (same seed) asked by Zipf popularity.
 - ``random``: no sharing at all (the control);
 - ``pd-mix`` (pd_mix.py): decoding streams while long documents keep arriving.
 """
@@ -64,6 +65,11 @@ class TieredDocsParams:
     zipf_x100: int = 0  # 0: cyclic order; else Zipf popularity with exponent zipf_x100 / 100
     question_tokens: int = 40
     max_tokens: int = 16
+
+
+@dataclass(frozen=True)
+class ZipfDocsParams(TieredDocsParams):
+    zipf_x100: int = 110  # popularity ~ 1 / rank^1.1
 
 
 @dataclass(frozen=True)
@@ -150,20 +156,27 @@ def build_multi_doc(p: MultiDocParams, seed: int, tok: ChatTokenizer) -> Workloa
         tok, requests, doc_tokens_total=int(sum(doc_tokens))))
 
 
+def access_order(docs: int, requests: int, zipf_x100: int, rng: np.random.Generator) -> np.ndarray:
+    """Which document each request asks: a cycle (``zipf_x100`` 0), else drawn from Zipf
+    popularity with exponent ``zipf_x100 / 100`` (document 0 the most popular)."""
+    if not zipf_x100:
+        return np.arange(requests) % docs
+    weights = 1.0 / np.arange(1, docs + 1) ** (zipf_x100 / 100)
+    return rng.choice(docs, size=requests, p=weights / weights.sum())
+
+
 def build_tiered_docs(p: TieredDocsParams, seed: int, tok: ChatTokenizer) -> Workload:
     gen = TextGen(np.random.default_rng(seed))
     systems, titles = _documents(gen, tok, p.docs, p.doc_tokens)
-    if p.zipf_x100:
-        weights = 1.0 / np.arange(1, p.docs + 1) ** (p.zipf_x100 / 100)
-        order = gen.rng.choice(p.docs, size=p.requests, p=weights / weights.sum())
-    else:
-        order = np.arange(p.requests) % p.docs
+    order = access_order(p.docs, p.requests, p.zipf_x100, gen.rng)
     requests = []
     for i, d in enumerate(order.tolist()):
         ask = Message.text("user", _question(gen, tok, p.question_tokens, gen.pick(tuple(titles[d]))))
         requests.append(RequestSpec(f"doc{d}-r{i}", "question", (systems[d], ask), p.max_tokens))
-    return Workload("tiered-docs", requests, dataclasses.asdict(p), _info(
-        tok, requests, doc_tokens_total=int(sum(tok.count(s.parts[0]) for s in systems))))
+    asked = sorted(set(order.tolist()))
+    return Workload("tiered-docs-zipf" if p.zipf_x100 else "tiered-docs", requests, dataclasses.asdict(p), _info(
+        tok, requests, doc_tokens_total=int(sum(tok.count(s.parts[0]) for s in systems)),
+        docs_asked=len(asked), asked_doc_tokens=int(sum(tok.count(systems[d].parts[0]) for d in asked))))
 
 
 def _documents(gen: TextGen, tok: ChatTokenizer, count: int, tokens: int):
@@ -224,6 +237,8 @@ WORKLOADS: dict[str, WorkloadKind] = {
     "multi-turn": WorkloadKind(MultiTurnParams, MultiTurnParams(
         sessions=3, turns=3, context_tokens=200, max_tokens=16), build_multi_turn),
     "tiered-docs": WorkloadKind(TieredDocsParams, TieredDocsParams(
+        docs=4, doc_tokens=300, requests=8, max_tokens=8), build_tiered_docs),
+    "tiered-docs-zipf": WorkloadKind(ZipfDocsParams, ZipfDocsParams(
         docs=4, doc_tokens=300, requests=8, max_tokens=8), build_tiered_docs),
     "random": WorkloadKind(RandomParams, RandomParams(
         requests=10, min_prompt_tokens=100, max_prompt_tokens=600, max_tokens=16), build_random),

@@ -12,6 +12,7 @@ from libs.protocol.messages import TextDelta, Usage
 from .generation import Completion
 from .logprobs import chat_logprobs, legacy_logprobs, native_logprobs
 from .tool_parser import parse_output
+from .usage import cached_by_tier
 
 if TYPE_CHECKING:
     from .pipeline import GenerationRequest
@@ -25,12 +26,6 @@ def usage_body(usage: Usage) -> dict:
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens,
                                   "cached_tokens_details": cached_by_tier(usage)},
     }
-
-
-def cached_by_tier(usage: Usage) -> dict:
-    """Where the cached prompt tokens came from: device memory, or loaded back from host."""
-    return {"device": usage.cached_tokens - usage.cached_host_tokens,
-            "host": usage.cached_host_tokens}
 
 
 @dataclass
@@ -125,7 +120,8 @@ def choices_usage(usages: Sequence[Usage], n: int = 1) -> Usage:
     return Usage(prompt_tokens=sum(u.prompt_tokens for u in firsts),
                  completion_tokens=sum(u.completion_tokens for u in usages),
                  cached_tokens=sum(u.cached_tokens for u in firsts),
-                 cached_host_tokens=sum(u.cached_host_tokens for u in firsts))
+                 cached_host_tokens=sum(u.cached_host_tokens for u in firsts),
+                 cached_store_tokens=sum(u.cached_store_tokens for u in firsts))
 
 
 def native_body(rid: str, text: str, output_ids: list[int], finish_reason: str | None,

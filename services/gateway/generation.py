@@ -13,6 +13,7 @@ from libs.protocol import ServiceError, errors
 from libs.protocol.messages import Logprobs, TextDelta, Usage
 
 from .logprobs import merge_logprobs
+from .usage import prompt_only
 
 
 @dataclass
@@ -195,10 +196,7 @@ class Generation:
         self.emitted_chars += len(text)
         finish = None if self._error is not None else last.finish_reason
         if self.retries and self.usage is not None:
-            # NOTE: a resumed request's cache hit may cover its replayed output too
-            cached = min(self.usage.cached_tokens, self.usage.prompt_tokens)
-            self.usage = Usage(self.usage.prompt_tokens, self.usage.completion_tokens, cached,
-                               min(self.usage.cached_host_tokens, cached))
+            self.usage = prompt_only(self.usage)
         return TextDelta(rid=self.rid, text=text, token_ids=token_ids,
                          finish_reason=finish, usage=self.usage,
                          logprobs=merge_logprobs([i.logprobs for i in items]))

@@ -23,6 +23,7 @@ from libs.protocol.messages import SchedStats, SchedStatsRequest
 
 from .fallback import LoadView
 from .generation import Generation
+from .usage import cached_by_tier
 
 __all__ = ["ClusterView", "MetricsPage", "RequestMetrics"]
 
@@ -41,6 +42,7 @@ class RequestMetrics:
 
     def __init__(self, model_name: str, registry: CollectorRegistry) -> None:
         m, r = ["model_name"], registry
+        self.model_name = model_name
         self.ttft = Histogram("sglang:time_to_first_token_seconds",
                               "Histogram of time to first token in seconds.", m,
                               buckets=TTFT_BUCKETS, registry=r).labels(model_name)
@@ -57,6 +59,10 @@ class RequestMetrics:
                                          registry=r).labels(model_name)
         self.cached_tokens = Counter("sglang:cached_tokens", "Number of cached prompt tokens.",
                                      m, registry=r).labels(model_name)
+        self.cached_by_tier = Counter("radixmesh:cached_tokens_by_tier",
+                                      "Cached prompt tokens by where they came from: device, host "
+                                      "(loaded back) or store (fetched from the shared store)",
+                                      [*m, "tier"], registry=r)
         self.requests = Counter("sglang:num_requests", "Number of requests processed.", m,
                                 registry=r).labels(model_name)
         self.errors = Counter("radixmesh:request_errors", "Requests that failed, by error code.",
@@ -96,6 +102,8 @@ class RequestMetrics:
         self.prompt_tokens.inc(usage.prompt_tokens)
         self.generation_tokens.inc(usage.completion_tokens)
         self.cached_tokens.inc(usage.cached_tokens)
+        for tier, tokens in cached_by_tier(usage).items():
+            self.cached_by_tier.labels(self.model_name, tier).inc(tokens)
         if gen.error is not None:
             self.failed(gen.error.code)
         if gen.first_token_at is None:
@@ -158,7 +166,8 @@ class ClusterView:
                                        [*labels, "reason"], registry=r)
         self.store_fetches = Gauge("radixmesh:store_fetches",
                                    "Shared-store (L3) prefetches by outcome: complete, partial, deadline, "
-                                   "miss, error, skipped (predicted slower than recomputing), no_room",
+                                   "miss, error, skipped (predicted slower than recomputing), no_room, "
+                                   "joined (waited for another request's fetch of the same pages)",
                                    [*labels, "outcome"], registry=r)
         self.store_tokens = Gauge("radixmesh:store_tokens",
                                   "Tokens of KV fetched from / put to the shared store (L3)",

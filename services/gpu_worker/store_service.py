@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+from prometheus_client import Gauge
 
 from libs.protocol.bus import Bus
 from libs.protocol.errors import invalid_request
@@ -24,6 +25,9 @@ log = logging.getLogger("gpu_worker.store")
 
 STORE_KINDS = ("none", "nats")
 STORE_CONNECT_S = 10.0  # --kv-store-url: how long a starting worker waits for the store's server
+STORE_AVAILABLE = Gauge("radixmesh:kv_store_available",
+                        "1: the worker serves the shared KV store; 0: it serves without one (none asked "
+                        "for, or --kv-store-url unreachable at start: see its log; restart to retry)")
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,9 @@ async def serve_store(ctx: ServiceContext, worker: WorkerService, config: StoreC
         try:  # NOTE: a store of its own may be down: serve without it rather than hang here
             bus = await asyncio.wait_for(open_data_bus(ctx, config.url), STORE_CONNECT_S)
         except (asyncio.TimeoutError, OSError) as exc:
-            log.error("shared KV store at %s unreachable (%s): serving without it (restart to retry)",
-                      config.url, type(exc).__name__)
+            log.error("shared KV store at %s unreachable (%s, waited up to %.0f s): serving without it "
+                      "(restart to retry)", config.url, type(exc).__name__, STORE_CONNECT_S)
+            STORE_AVAILABLE.set(0)
             return None
     bus = bus if bus is not None else await open_data_bus(ctx)
     spec = PageSpec(KVLayout.of_pool(copier.pool))
@@ -109,6 +114,7 @@ async def serve_store(ctx: ServiceContext, worker: WorkerService, config: StoreC
     ctx.stack.push_async_callback(io.stop)
     copier.store_io = io
     await FetchEndpoint(worker, io).start(ctx.bus)
+    STORE_AVAILABLE.set(1)
     log.info("shared KV store: JetStream bucket %s (%d-token pages of %d bytes, at most %d bytes)",
              config.bucket, spec.page_tokens, spec.value_bytes, config.max_bytes)
     return io

@@ -86,6 +86,7 @@ class KVCache:
         measured so far. Returns the match as found (device and lower lengths)."""
         if not self.tree:
             return NO_MATCH
+        self.unpin(req)
         match = self.tree.match_prefix(req.namespace, req.fill()[:-1])
         if match.length:
             self.lock(match.node)
@@ -107,6 +108,17 @@ class KVCache:
         if match.length:
             self.unlock(match.node)
         return MatchResult(node, slots, n, 0)
+
+    def pin(self, req: Req, hashes: list[int]) -> None:
+        """Keep ``req``'s fetched lower-tier pages until it starts (or ends)."""
+        self.unpin(req)
+        self.tree.pin(hashes)
+        req.pinned = list(hashes)
+
+    def unpin(self, req: Req) -> None:
+        if req.pinned and self.tree:
+            self.tree.unpin(req.pinned)
+        req.pinned = []
 
     def lock(self, node: TreeNode) -> None:
         self.tree.lock(node)

@@ -82,7 +82,8 @@ class SchedulerCore:
         return self.planner.running
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.decode.arrived or self.decode.queue)
+        return bool(self.waiting or self.running or self.decode.arrived or self.decode.queue
+                    or (self.host is not None and self.host.owes_copies))
 
     # -- intake ---------------------------------------------------------------
 
@@ -111,11 +112,12 @@ class SchedulerCore:
     def fetched(self, req: Req, reply: FetchReply) -> int:
         """The shared store's pages for ``req`` arrived (or some did): it queues now.
         Returns the tokens that joined the host tier."""
-        tokens = self.store.done(req, reply)
-        if req.aborted:
-            self._finish(req, "abort")
-        else:
-            self.waiting.append(req)
+        tokens, riders = self.store.done(req, reply)
+        for r in (req, *riders):
+            if r.aborted:
+                self._finish(r, "abort")
+            else:
+                self.waiting.append(r)
         return tokens
 
     def abort(self, rid: str, reason: str = "abort") -> bool:
@@ -158,7 +160,8 @@ class SchedulerCore:
         forced = bool(interval and self.steps and self.steps % interval == 0)
         step = self.planner.plan(ahead=bool(self.inflight), force_retract=forced)
         self.needs_result = step.sync
-        if not step.items and not imports:
+        owed = self.host is not None and self.host.owes_copies  # NOTE: e.g. puts of what the last step computed
+        if not step.items and not imports and not owed:
             return None
         self.steps += 1
         self.batch_sizes[len(step.items)] += bool(step.items)
@@ -272,7 +275,8 @@ class SchedulerCore:
         # NOTE: cached_tokens on every delta: a stop string may end the stream before our finish
         self._out.append((req.detok_instance, TokenDelta(
             rid=req.rid, token_ids=[token], cached_tokens=req.cached_tokens,
-            cached_host_tokens=req.cached_host_tokens, logprobs=pop_logprobs(req))))
+            cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,
+            logprobs=pop_logprobs(req))))
 
     def _finish_reason(self, req: Req, token: int) -> str | None:
         if token in req.sampling.stop_token_ids:
@@ -305,5 +309,5 @@ class SchedulerCore:
             rid=req.rid, token_ids=tokens or [], finish_reason=reason, error=req.error,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens, logprobs=pop_logprobs(req),
-            cached_host_tokens=req.cached_host_tokens,
+            cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,
         )))

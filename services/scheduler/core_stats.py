@@ -15,7 +15,7 @@ SchedulerCore = Any  # NOTE: core.py's SchedulerCore, which imports this module
 def waiting(core: SchedulerCore) -> int:
     """Requests not running yet: queued, waiting for their KV from a prefill worker or
     for their pages from the shared store."""
-    return len(core.waiting) + len(core.decode) + (len(core.store.fetching) if core.store else 0)
+    return len(core.waiting) + len(core.decode) + (core.store.num_waiting if core.store else 0)
 
 
 def load_report(core: SchedulerCore, rates: StepRates, scheduler_id: str, ts: float,

@@ -119,6 +119,10 @@ class HostTier:
     def free(self, slots: np.ndarray) -> None:
         self.slots.free(slots)
 
+    @property
+    def owes_copies(self) -> bool:
+        return bool(self._copies)
+
     def take_copies(self) -> list[KVCopy]:
         """The copies owed since the last call, in the order they were decided."""
         out, self._copies = self._copies, []

@@ -76,6 +76,7 @@ class Planner:
 
     def drop(self, req: Req) -> None:
         """``req`` ended: cache what it computed, free its slots and row."""
+        self.cache.unpin(req)
         if req.row >= 0:
             self.cache.release(req)
             self.rows.free(req.row)
@@ -131,7 +132,11 @@ class Planner:
         if not req.retractions:
             QUEUE_SECONDS.labels(self.role).observe(time.monotonic() - req.arrived)
             req.cached_tokens = req.kv_len
-            req.cached_host_tokens = max(req.kv_len - device, 0)
+            lower = max(req.kv_len - device, 0)
+            # NOTE: loaded back [device, kv_len); of those, what its store fetch brought
+            start, end = req.fetched
+            req.cached_store_tokens = max(0, min(end, req.kv_len) - max(start, device))
+            req.cached_host_tokens = lower - req.cached_store_tokens
             self.prompt_tokens += req.prompt_len
             self.cached_tokens += req.kv_len
         self.running.append(req)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -42,6 +43,7 @@ class RadixCache:
         self._roots: dict[str, TreeNode] = {}
         self._evictable = 0
         self._protected = 0
+        self.pinned: Counter[int] = Counter()  # lower-tier pages kept for a queued request (hashes)
 
     # -- queries ------------------------------------------------------------
 
@@ -107,23 +109,27 @@ class RadixCache:
             node = self._add_leaf(node, key[pos:], np.asarray(slots[pos : len(key)], np.int64))
         return existing, node
 
-    def insert_lower(self, namespace: str, tokens, start: int, lower: np.ndarray) -> int:
+    def insert_lower(self, namespace: str, tokens, start: int, lower: np.ndarray) -> tuple[int, int]:
         """Pages [start, len) of ``tokens`` arrived in the lower tier's slots ``lower``
-        (from the shared store): a lower-tier leaf below the node ending at ``start``.
-        Returns the tokens inserted; 0 when that path changed meanwhile (the caller
-        frees the slots)."""
+        (from the shared store): those the tree lacks become a lower-tier leaf. Returns
+        (skip, used): the first ``skip`` tokens were in the tree already (put there
+        meanwhile: another fetch of a document with the same opening, a prefill), the next
+        ``used`` joined it; the caller frees the other slots. (0, 0) when the path up to
+        ``start`` left the tree meanwhile."""
         key = self._aligned(tokens)
         node, pos = self._root(namespace), 0
-        for child, n in self._walk(namespace, key[:start], split=True):
+        for child, n in self._walk(namespace, key, split=True):
             node, pos = child, pos + n
-        if pos != start or start >= len(key) or self._page(key, start) in node.children:
-            return 0
-        leaf = TreeNode(node, key[start:].copy(), None, block_hashes(key[start:], self.page_size,
-                                                                       parent=node.last_hash), namespace)
-        leaf.lower = np.asarray(lower, np.int64).copy()
-        node.children[self._page(key, start)] = leaf
+        if pos < start:
+            return 0, 0
+        if pos >= len(key):
+            return len(key) - start, 0
+        leaf = TreeNode(node, key[pos:].copy(), None, block_hashes(key[pos:], self.page_size,
+                                                                     parent=node.last_hash), namespace)
+        leaf.lower = np.asarray(lower[pos - start:], np.int64).copy()
+        node.children[self._page(key, pos)] = leaf
         self.on_event("stored", namespace, leaf.hashes, "host")
-        return len(key) - start
+        return pos - start, len(key) - pos
 
     def lock(self, node: TreeNode) -> None:
         while not node.is_root:
@@ -175,7 +181,7 @@ class RadixCache:
         NOTE: call it between steps only: a node matched for a load-back in the
         step being planned must not go."""
         heap = [(self._priority(n), id(n), n) for n in self._all_nodes()
-                if not n.on_device and not n.children]
+                if not n.on_device and not n.children and not self._is_pinned(n)]
         heapq.heapify(heap)
         count = 0
         while heap and count < num_tokens:
@@ -183,9 +189,24 @@ class RadixCache:
             count += len(leaf.key)
             parent = leaf.parent
             self._drop(leaf)
-            if not parent.is_root and not parent.on_device and not parent.children:
+            if (not parent.is_root and not parent.on_device and not parent.children
+                    and not self._is_pinned(parent)):
                 heapq.heappush(heap, (self._priority(parent), id(parent), parent))
         return count
+
+    def pin(self, hashes: list[int]) -> None:
+        """Keep these lower-tier pages out of :meth:`evict_lower` (fetched for a request
+        that has not started yet) until :meth:`unpin`."""
+        self.pinned.update(hashes)
+
+    def unpin(self, hashes: list[int]) -> None:
+        self.pinned.subtract(hashes)
+        for h in hashes:
+            if self.pinned[h] <= 0:
+                del self.pinned[h]
+
+    def _is_pinned(self, node: TreeNode) -> bool:
+        return bool(self.pinned) and any(h in self.pinned for h in node.hashes)
 
     def reset(self) -> np.ndarray:
         """Drop everything (refused while anything is locked); returns the device slots."""

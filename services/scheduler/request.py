@@ -87,6 +87,9 @@ class Req:
     ahead: int = 0  # tokens sampled by steps in flight, not yet in output_ids
     cached_tokens: int = 0  # of the prompt, at its first admission
     cached_host_tokens: int = 0  # of those: loaded back from the host tier
+    cached_store_tokens: int = 0  # of those: fetched from the shared store (then loaded back)
+    fetched: tuple[int, int] = (0, 0)  # positions [start, end) its store fetch brought into the host tier
+    pinned: list[int] = field(default_factory=list)  # those pages' hashes, kept in the tree until it starts
     retractions: int = 0
     aborted: bool = False
     finish_reason: str | None = None

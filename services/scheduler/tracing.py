@@ -60,9 +60,10 @@ class RequestTrace:
     def _start(self, name: str, attributes: dict | None = None) -> Span:
         return _tracer.start_span(name, context=self.ctx, attributes=attributes)
 
-    def admitted(self, cached: int, from_host: int) -> None:
+    def admitted(self, cached: int, from_host: int, from_store: int = 0) -> None:
         self.queue.set_attributes({"radixmesh.cached_tokens": cached,
-                                   "radixmesh.cached_host_tokens": from_host})
+                                   "radixmesh.cached_host_tokens": from_host,
+                                   "radixmesh.cached_store_tokens": from_store})
         self.queue.end()
         self.queue = None
 
@@ -136,7 +137,7 @@ class StepTracer:
             if (t := self.traces.get(item.req.rid)) is None:
                 continue
             if t.queue is not None:
-                t.admitted(item.prefix_len, item.req.cached_host_tokens)
+                t.admitted(item.prefix_len, item.req.cached_host_tokens, item.req.cached_store_tokens)
             if not item.decode:
                 chunk = t.prefill(item.prefix_len, item.tokens, step.number)
                 parent = parent or trace.set_span_in_context(chunk)

@@ -29,6 +29,7 @@ class Stream:
     last_seen: float
     cached_tokens: int = 0
     cached_host_tokens: int = 0
+    cached_store_tokens: int = 0
     trace_ctx: Any = None  # the request's trace context; None: not traced
     first_ns: int = 0  # wall time of its first token delta (traced streams only)
 
@@ -104,6 +105,7 @@ class Streams:
                 stream.first_ns = time.time_ns()
             stream.cached_tokens = max(stream.cached_tokens, item.cached_tokens)
             stream.cached_host_tokens = max(stream.cached_host_tokens, item.cached_host_tokens)
+            stream.cached_store_tokens = max(stream.cached_store_tokens, item.cached_store_tokens)
             delta = self._delta(stream, item, res)
             if delta is None:
                 continue
@@ -131,6 +133,7 @@ class Streams:
             prompt_tokens=item.prompt_tokens or stream.prompt_tokens,
             completion_tokens=item.completion_tokens or stream.decode.num_tokens,
             cached_tokens=stream.cached_tokens, cached_host_tokens=stream.cached_host_tokens,
+            cached_store_tokens=stream.cached_store_tokens,
         )
         return TextDelta(
             rid=stream.rid, text=res.text, token_ids=item.token_ids,

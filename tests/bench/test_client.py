@@ -22,6 +22,7 @@ def _native(ids, finish=None, prompt=11, cached=3):
     return {"text": "x" * len(ids), "output_ids": ids,
             "meta_info": {"id": "rid1", "prompt_tokens": prompt, "completion_tokens": len(ids),
                           "cached_tokens": cached,
+                          "cached_tokens_details": {"device": 0, "host": 1, "store": cached - 1},
                           "finish_reason": finish and {"type": finish}}}
 
 
@@ -49,6 +50,7 @@ async def test_generate_gives_every_token_its_arrival_time(chat_tok):
     assert bodies[0]["text"] == chat_tok.prompt(MESSAGES)
     assert bodies[0]["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.0}
     assert (record.completion_tokens, record.stream_tokens, record.cached_tokens) == (4, 4, 3)
+    assert (record.cached_host_tokens, record.cached_store_tokens) == (1, 2)
     assert record.client_prompt_tokens == record.prompt_tokens == prompt_tokens
     assert len(record.itl_s) == 3 and record.itl_s[1] == 0.0 and record.itl_s[0] > 0.01
     assert 0 < record.ttft_s < record.e2e_s
@@ -66,7 +68,8 @@ async def test_chat_uses_usage_and_counts_chunks(chat_tok):
                   chunk({"content": " you"}), chunk({}, "stop"),
                   {"id": "chatcmpl-abc", "choices": [], "usage": {
                       "prompt_tokens": 9, "completion_tokens": 3,
-                      "prompt_tokens_details": {"cached_tokens": 4}}}, "[DONE]"]
+                      "prompt_tokens_details": {"cached_tokens": 4, "cached_tokens_details": {
+                          "device": 1, "host": 1, "store": 2}}}}, "[DONE]"]
         return httpx.Response(200, content=_sse(events))
 
     http, client = _client(handler, "chat", chat_tok)
@@ -76,6 +79,7 @@ async def test_chat_uses_usage_and_counts_chunks(chat_tok):
     assert record.ok, record.error
     assert (record.text, record.rid, record.finish_reason) == ("Hi you", "abc", "stop")
     assert (record.prompt_tokens, record.completion_tokens, record.cached_tokens) == (9, 3, 4)
+    assert (record.cached_host_tokens, record.cached_store_tokens) == (1, 2)
     assert not record.per_token_gaps and len(record.itl_s) == 1
     assert record.ttft_s > 0.03  # the role chunk is not the first token
 

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from radixmesh.bench.record import Record
-from radixmesh.bench.report import class_table, markdown_table, pd_goals, plot, write_json
+from radixmesh.bench.report import class_table, markdown_table, pd_goals, plot, tier_goals, write_json
 from radixmesh.bench.stats import summarize, summarize_by_kind
 
 
@@ -77,3 +77,21 @@ def test_pd_goals_compare_stream_tpot_p99_and_total_throughput():
     slow = [summarize("base", base, 2.0), summarize("pd", pd, 4.0)]
     assert "0.50x (goal >= 0.9x: not met)" in pd_goals(slow, classes, "base", "pd", "stream")[0]
     assert pd_goals(summaries[:1], classes, "base", "pd", "stream") == []
+
+
+def _tiered(system, ttft_s, cached):
+    return summarize(system, [Record(system, f"r{i}", "question", ttft_s=ttft_s, e2e_s=ttft_s + 1,
+                                     completion_tokens=2, prompt_tokens=100, cached_tokens=cached)
+                              for i in range(4)], 10.0)
+
+
+def test_tier_goals_compare_hit_rate_with_the_ideal_and_ttft_with_tiers_off():
+    off, host, store = _tiered("radixmesh", 2.0, 5), _tiered("radixmesh-host-tier", 0.2, 60), \
+        _tiered("radixmesh-store-tier", 0.4, 70)
+    lines = tier_goals([off, host, store], "radixmesh", ["radixmesh-host-tier", "radixmesh-store-tier"], 0.64)
+    assert len(lines) == 2
+    assert lines[0].startswith("radixmesh-host-tier / radixmesh: cache hit 60.0% = 0.94x the workload's "
+                               "ideal 64.0% (goal >= 0.9x: met), TTFT p50 0.10x (goal <= 0.15x: met)")
+    assert "1.09x" in lines[1] and "TTFT p50 0.20x (goal <= 0.15x: not met)" in lines[1]
+    assert tier_goals([host], "radixmesh", ["radixmesh-host-tier"], 0.64) == []  # no tiers-off run
+    assert tier_goals([off, host], "radixmesh", ["radixmesh-host-tier"], 0.0) == []  # no ideal

@@ -44,3 +44,12 @@ def test_summary_counts_only_successful_requests():
 def test_summary_of_nothing_is_nan_not_an_error():
     s = summarize("s", [], 0.0)
     assert s.completed == 0 and math.isnan(s.ttft_p50_ms) and math.isnan(s.cache_hit_rate)
+
+
+def test_hit_rate_per_tier_is_a_share_of_the_prompt_tokens():
+    a = rec(prompt=100, cached=80)
+    a.cached_host_tokens, a.cached_store_tokens = 20, 50
+    b = rec(prompt=100, cached=40)
+    b.cached_host_tokens = 40
+    s = summarize("s", [a, b], 1.0)
+    assert (s.cache_hit_rate, s.host_hit_rate, s.store_hit_rate) == (0.6, 0.3, 0.25)

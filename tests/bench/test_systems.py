@@ -13,6 +13,44 @@ def test_host_tier_system_starts_its_own_stack_with_a_host_pool():
     assert not remote.systems and "needs a stack" in remote.notes[0]
 
 
+def test_store_tier_system_adds_the_store_and_warms_it_before_the_run(monkeypatch, tmp_path):
+    import radixmesh.launcher as launcher
+    from radixmesh.bench import systems
+
+    plan = plan_systems(["radixmesh-store-tier"], url=None)
+    [tier] = plan.systems
+    assert (tier.host_ratio, tier.store) == (HOST_TIER_RATIO, True) and "restarted empty" in plan.notes[0]
+    configs, calls = [], []
+
+    class FakeStack:
+        url, nats_url = "http://127.0.0.1:1", "nats://127.0.0.1:1"
+
+        def __init__(self, config, progress):
+            configs.append(config)
+
+        def start(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    async def fake_bench(url, system, counters, prepare, workload, **kw):
+        await prepare("the stream")
+        return RunResult([], 1.0, 0.0)
+
+    async def fake_warm(stack, stream, workload, limit_s):
+        calls.append((type(stack), stream, workload, limit_s))
+
+    monkeypatch.setattr(launcher, "LocalStack", FakeStack)
+    monkeypatch.setattr(systems, "bench_http", fake_bench)
+    monkeypatch.setattr(systems, "warm_store", fake_warm)
+    stack = dict(model="default", workers=1, dtype="float32", kv_slots=1024, threads_per_worker=1)
+    run_stack(tier, stack, tmp_path, 10.0, workload="the workload")
+    [cfg] = configs
+    assert cfg.extra["gpu_worker"] == ["--host-kv-slots", "3072", "--kv-store", "nats"]
+    assert calls == [(FakeStack, "the stream", "the workload", 10.0)]
+
+
 def test_pd_system_splits_the_same_workers_into_prefill_and_decode():
     plan = plan_systems(["radixmesh", "radixmesh-pd"], url=None, workers=2)
     base, pd = plan.systems

@@ -1,8 +1,9 @@
+import numpy as np
 import pytest
 
 from radixmesh.bench.tokens import common_prefix
 from radixmesh.bench.workload import Answer, Message, RequestSpec, Workload
-from radixmesh.bench.workloads import WORKLOADS, build_workload
+from radixmesh.bench.workloads import WORKLOADS, access_order, build_workload
 
 
 def _ids(tok, workload, answers=None):
@@ -114,3 +115,31 @@ def test_tiered_docs_cycle_and_zipf(chat_tok):
         "docs": "8", "doc_tokens": "100", "requests": "200", "zipf_x100": "120"})
     counts = [sum(s.id.startswith(f"doc{d}-") for s in zipf.requests) for d in range(8)]
     assert counts[0] > 2 * counts[7] and sum(counts) == 200  # popular documents first
+
+
+def test_zipf_variant_is_seeded_and_asks_the_cyclic_variants_documents(chat_tok):
+    params = {"docs": "6", "doc_tokens": "120", "requests": "30"}
+    cyclic = build_workload("tiered-docs", chat_tok, seed=5, overrides=params)
+    zipf = build_workload("tiered-docs-zipf", chat_tok, seed=5, overrides=params)
+    again = build_workload("tiered-docs-zipf", chat_tok, seed=5, overrides=params)
+    other = build_workload("tiered-docs-zipf", chat_tok, seed=6, overrides=params)
+    assert zipf.name == "tiered-docs-zipf" and zipf.params["zipf_x100"] == 110
+    assert zipf.requests == again.requests  # deterministic for a seed
+    docs = lambda w: [s.id.split("-")[0] for s in w.requests]  # noqa: E731
+    assert docs(zipf) != docs(other)
+    # NOTE: the same seed gives the same documents; only the order of access differs
+    first = {s.id.split("-")[0]: s.messages[0] for s in cyclic.requests}
+    assert all(s.messages[0] == first[s.id.split("-")[0]] for s in zipf.requests)
+    assert docs(zipf) != docs(cyclic)
+    assert zipf.info["docs_asked"] == len(set(docs(zipf))) <= 6
+    assert cyclic.info["docs_asked"] == 6 and cyclic.info["asked_doc_tokens"] == cyclic.info["doc_tokens_total"]
+
+
+def test_access_order_cycles_or_follows_zipf_popularity():
+    rng = np.random.default_rng(0)
+    assert access_order(3, 7, 0, rng).tolist() == [0, 1, 2, 0, 1, 2, 0]
+    counts = np.bincount(access_order(10, 20_000, 110, np.random.default_rng(1)), minlength=10)
+    expected = 1.0 / np.arange(1, 11) ** 1.1
+    assert np.allclose(counts / counts.sum(), expected / expected.sum(), atol=0.01)
+    assert (access_order(10, 50, 110, np.random.default_rng(2))
+            == access_order(10, 50, 110, np.random.default_rng(2))).all()

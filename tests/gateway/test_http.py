@@ -37,7 +37,7 @@ async def test_chat_completion(client, played):
     prompt = len(played.submits[0].input_ids)
     assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 4,
                              "total_tokens": prompt + 4, "prompt_tokens_details": {
-                                 "cached_tokens": 2, "cached_tokens_details": {"device": 2, "host": 0}}}
+                                 "cached_tokens": 2, "cached_tokens_details": {"device": 2, "host": 0, "store": 0}}}
 
 
 async def test_text_completion(client, played):

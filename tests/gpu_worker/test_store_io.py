@@ -131,6 +131,27 @@ async def test_bad_fetches_are_refused_and_a_deadline_is_kept(runner, jetstream,
         assert (w.io.puts.stored, w.io.puts.dropped, w.io.puts.failed) == (4, 4, 0)
 
 
+async def test_fetches_are_served_one_at_a_time_in_arrival_order(runner, jetstream, subject_prefix):
+    """The scheduler predicts a fetch's time behind those queued before it: the worker
+    serves them first come, first served (a later one does not slow an earlier one down)."""
+    ids = list(range(3000, 3000 + 7 * P))
+    keys = page_keys("m", "float32", ids, "", P)
+    async with _Worker(runner, jetstream, subject_prefix) as w:
+        await w.copies(KVCopy(kind="put", src=list(range(7 * P)), keys=keys))
+        await w.io.drain()
+        asked, get = [], w.io.store._get
+
+        async def logged(key):
+            asked.append(key)
+            return await get(key)
+
+        w.io.store._get, w.io.store.in_flight = logged, 1  # NOTE: one get at a time per call
+        first, second = await asyncio.gather(w.fetch(keys[:4], list(range(4 * P))),
+                                             w.fetch(keys[4:], list(range(64, 64 + 3 * P))))
+    assert (first.arrived, second.arrived) == (4, 3)
+    assert asked == keys  # not interleaved
+
+
 async def test_a_store_gone_fails_fetches_and_puts_but_never_a_step(runner, jetstream, subject_prefix):
     keys = page_keys("m", "float32", list(range(2 * P)), "", P)
     async with _Worker(runner, jetstream, subject_prefix) as w:

@@ -137,4 +137,5 @@ def test_the_queue_span_says_how_much_came_back_from_the_host_tier(exporter):
                 if s.name == "scheduler.request" and s.attributes["radixmesh.rid"] == "r3")
     queue = queues[last.context.span_id]
     assert queue.attributes["radixmesh.cached_host_tokens"] == 40  # r0's document, loaded back
+    assert queue.attributes["radixmesh.cached_store_tokens"] == 0  # no store: nothing fetched
     assert queue.attributes["radixmesh.cached_tokens"] == 40

@@ -10,7 +10,7 @@ import pytest
 
 from libs.protocol import Bus, ServiceError
 from libs.protocol.messages import Ping, Pong
-from radixmesh.natsd import NatsServer
+from radixmesh.natsd import NatsServer, free_port
 
 
 async def wait_connected(bus: Bus, timeout: float = 10.0) -> None:
@@ -94,3 +94,14 @@ async def test_concurrent_handlers_are_bounded(nats_server, subject_prefix, monk
         assert running == 0 and peak == 3
     finally:
         await bus.close()
+
+
+async def test_a_connect_given_up_stops_retrying():
+    """A caller's deadline (the worker's store URL with no server) ends the attempt:
+    no connect keeps retrying, and logging, in the background."""
+    url = f"nats://127.0.0.1:{free_port()}"
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(Bus.connect(url, "gives-up"), 1.0)
+    await asyncio.sleep(0.7)  # NOTE: longer than the reconnect wait (0.5 s)
+    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    assert not left, [t.get_coro() for t in left]

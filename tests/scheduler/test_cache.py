@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from libs.protocol.hashing import block_hashes
 from libs.protocol.messages import SamplingParams
 from services.scheduler.allocator import SlotAllocator
 from services.scheduler.cache import KVCache
@@ -140,4 +141,24 @@ def test_a_full_lower_tier_makes_room_by_dropping_its_least_recent_pages():
     assert tree.peek("", [5, 6, 7, 8, 0]).lower_len == 4
     assert tree.peek("", [1, 2, 3, 4, 0]).lower_len == 0
     assert tree.evict_lower(100) == 4 and tier.num_free == 4 and tree.size_info().total == 0
+    tree.check_integrity()
+
+
+def test_pinned_lower_pages_stay_until_unpinned():
+    tier = HostSlots(8)
+    cache = KVCache(8, page_size=2, tier=tier)
+    tree = cache.tree
+    for tokens, slots in (([1, 2, 3, 4], [10, 11, 12, 13]), ([5, 6, 7, 8], [20, 21, 22, 23])):
+        tree.insert("", tokens, np.array(slots))
+    tree.evict(8)  # both go down, A first
+    waiting = req([1, 2, 3, 4, 0])
+    cache.pin(waiting, block_hashes([1, 2, 3, 4], 2, ""))  # A's pages: a queued request fetched them
+    assert tree.evict_lower(8) == 4  # only B goes
+    assert tree.peek("", [1, 2, 3, 4, 0]).lower_len == 4
+    other = req([1, 2, 9])
+    cache.pin(other, block_hashes([1, 2], 2, ""))  # another request fetched A's first page
+    cache.unpin(waiting)  # it started (or ended)
+    assert waiting.pinned == [] and tree.evict_lower(8) == 0  # A is one node: it stays whole
+    cache.unpin(other)
+    assert not tree.pinned and tree.evict_lower(8) == 4
     tree.check_integrity()

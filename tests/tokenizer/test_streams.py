@@ -70,6 +70,16 @@ def test_scheduler_finish_flushes_held_text_with_usage(streams, tokenizer):
     assert "a" not in streams and not out.aborts
 
 
+def test_the_cached_split_per_tier_reaches_the_usage(streams, tokenizer):
+    streams.open("a", "gw-1", 40, ["###"], True)
+    ids = tokenizer.encode("done ### more")  # NOTE: a stop string ends it before the scheduler's finish
+    out = streams.step(batch(TokenDelta(rid="a", token_ids=ids, cached_tokens=32,
+                                        cached_host_tokens=16, cached_store_tokens=12)))
+    (final,) = out.per_gateway["gw-1"]
+    assert final.usage == Usage(prompt_tokens=40, completion_tokens=len(ids), cached_tokens=32,
+                                cached_host_tokens=16, cached_store_tokens=12)
+
+
 def test_stop_string_finishes_and_asks_for_abort(streams, tokenizer):
     streams.open("a", "gw-1", 9, ["###"], True)
     ids = tokenizer.encode("done ### more")

@@ -4,6 +4,7 @@ a full bucket drops old pages, and tenants' keys differ."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import nats
@@ -135,3 +136,30 @@ async def test_a_page_of_one_tenant_is_not_found_under_another(nc, pool):
     await store.batch_set(list(zip(_keys(2, "tenant-a"), values)))
     assert await store.batch_exists(_keys(2, "tenant-a")) == 2
     assert await store.batch_exists(_keys(2, "tenant-b")) == 0
+
+
+class CountingStore(JetStreamStore):
+    """The real store, counting its gets in flight."""
+
+    now = peak = 0
+
+    async def _get(self, key: str) -> bytes | None:
+        CountingStore.now += 1
+        CountingStore.peak = max(CountingStore.peak, CountingStore.now)
+        try:
+            return await super()._get(key)
+        finally:
+            CountingStore.now -= 1
+
+
+async def test_concurrent_calls_share_one_bound_on_gets_in_flight(nc, pool):
+    """Several fetches at once must not pile up values unread by the client: NATS drops
+    a connection with 64 MB pending (a slow consumer), and every fetch on it fails."""
+    store = await CountingStore.open(nc, _spec(pool), bucket="t" + uuid.uuid4().hex[:10],
+                                     max_bytes=16 << 20, in_flight=3)
+    _, values = _pages(pool, torch.arange(4 * P))
+    keys = _keys(4)
+    assert await store.batch_set(list(zip(keys, values))) == 4
+    got = await asyncio.gather(*(store.batch_get(keys) for _ in range(4)))
+    assert got == [values] * 4
+    assert CountingStore.peak == 3
