@@ -21,7 +21,6 @@ import torch
 
 from . import cpu_ext, cpu_ops
 from .base import AttentionMetadata
-from .errors import BackendNotAvailable
 from .torch_backend import TorchAttentionBackend
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -64,11 +63,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     @classmethod
     def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
-        if torch.device(device).type != "cpu":
-            raise BackendNotAvailable(f"the {cls.name} attention backend runs on the CPU only")
-        if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise BackendNotAvailable(f"the {cls.name} attention backend does not support {dtype}")
-        cpu_ext.load()
+        cpu_ext.check_available(cls.name, device, dtype)
 
     def prepare(self, meta: AttentionMetadata) -> None:
         ext, seq = meta.extend_lens, meta.seq_lens

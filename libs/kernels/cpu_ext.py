@@ -71,6 +71,18 @@ def load() -> ModuleType:
     return module
 
 
+def check_available(backend: str, device, dtype=None) -> None:
+    """What every backend on these kernels requires: the CPU, a float dtype, the module
+    built; raises BackendNotAvailable naming ``backend`` otherwise."""
+    import torch
+
+    if torch.device(device).type != "cpu":
+        raise BackendNotAvailable(f"the {backend} attention backend runs on the CPU only")
+    if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise BackendNotAvailable(f"the {backend} attention backend does not support {dtype}")
+    load()
+
+
 STALE_LOCK_S = 900.0  # a build here takes 1-3 minutes; a lock this old was left by a killed one
 
 
