@@ -28,8 +28,8 @@ SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp", "ops.cpp"]
 # fast-math lets the reductions vectorise (the softmax's exp is our own, vec.h); 512-bit
 # vectors where the CPU has them (GCC prefers 256 on some that do). Compile
 # flags only: the link does not pull in crtfastmath, so the process's FP mode is untouched.
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp-simd"]
-LDFLAGS = ["-lmvec"]
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp-simd")
+LDFLAGS = ("-lmvec",)
 
 
 def build_key() -> str:
@@ -39,7 +39,7 @@ def build_key() -> str:
     digest = hashlib.sha256()
     for path in sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(" ".join(FLAGS + LDFLAGS).encode())
+    digest.update(" ".join(FLAGS + LDFLAGS).encode())  # NOTE: tuples: torch's load appends to the lists it is given
     digest.update(_cpu_flags().encode())
     return f"{digest.hexdigest()[:12]}-torch{torch.__version__.replace('+', '_')}"
 
@@ -110,7 +110,7 @@ def _build() -> ModuleType | BackendNotAvailable:
         log.info("loading the C++ CPU attention kernel (compiled on first use)")
         return cpp_extension.load(
             name="radixmesh_cpu_kernels", sources=[str(CSRC / name) for name in SOURCES],
-            extra_cflags=FLAGS, extra_ldflags=LDFLAGS,
+            extra_cflags=list(FLAGS), extra_ldflags=list(LDFLAGS),
             build_directory=str(build_dir()), verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build
