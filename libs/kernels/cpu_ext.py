@@ -1,7 +1,7 @@
 """Build (once, cached) and load the C++ CPU kernels in ``csrc/``.
 
-The first use compiles the sources in ``csrc/`` (decode, extend, the bf16 RMSNorm
-and SiLU-mul, the v1 decode kept as the benchmarks' baseline) with the machine's C++ compiler through
+The first use compiles the sources in ``csrc/`` (decode, extend, RMSNorm (with the
+residual add), SiLU-mul and RoPE, the v1 decode kept as the benchmarks' baseline) with the machine's C++ compiler through
 ``torch.utils.cpp_extension`` (a minute or two on 2 cores); later processes load
 the cached build from a folder keyed by the kernels' sources and headers, their
 flags, the CPU's feature flags (the build targets ``-march=native``) and the torch
@@ -24,7 +24,7 @@ from .errors import BackendNotAvailable
 
 log = logging.getLogger("radixmesh.kernels")
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp", "ops.cpp"]
+SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp", "ops.cpp", "rope.cpp"]
 # fast-math lets the reductions vectorise (the softmax's exp is our own, vec.h); 512-bit
 # vectors where the CPU has them (GCC prefers 256 on some that do). Compile
 # flags only: the link does not pull in crtfastmath, so the process's FP mode is untouched.
