@@ -4,13 +4,15 @@ Each request starts with a ``--context``-token KV already in place (the table
 rows are filled directly: KV content does not change the cost), then every
 step decodes one token for the whole batch.
 
-A system is ``dtype:mode:threads[:attention[:ops]]``: mode ``eager`` (the default runner: bf16
+A system is ``dtype:mode:threads[:attention[:knobs]]``: mode ``eager`` (the default runner: bf16
 weights packed for oneDNN where it has bf16), ``plain`` (eager, unpacked) or
 ``compiled``; attention an attention backend by name (default ``auto``; e.g.
-``cpu_v1``, the first C++ kernel, against ``cpu``); ops ``torch`` runs the eager model's
-elementwise ops (RMSNorm, residual add, RoPE, SiLU-mul) in torch instead of the
-backend's own (the C++ ones of ``cpu``); by default fp32 and bf16, eager and compiled,
-at ``--threads``. ``--prefill N`` adds a row: one N-token prefill chunk, tokens/s. The
+``cpu_v1``, the first C++ kernel, against ``cpu``); knobs, joined by ``+``, turn parts
+off: ``torch-ops`` runs the eager model's elementwise ops (RMSNorm, residual add, RoPE,
+SiLU-mul) in torch instead of the backend's own (the C++ ones of ``cpu``), ``fp32-attn``
+sends the ``cpu`` backend's extend rows to torch's SDPA (what it did on CPUs without AMX
+before its AVX512-BF16 extend); by default
+fp32 and bf16, eager and compiled, at ``--threads``. ``--prefill N`` adds a row: one N-token prefill chunk, tokens/s. The
 systems take turns batch by batch, round after round, and the table reports medians:
 this machine is noisy (shared, the second vCPU sometimes delivers little), so only
 ratios taken in one run mean anything.
@@ -63,26 +65,37 @@ def bench_prefill(runner: ModelRunner, tokens: int, repeat: int = 2) -> float:
     return (time.perf_counter() - start) / repeat
 
 
-OPS = ("backend", "torch")
+KNOBS = ("torch-ops", "fp32-attn")
+System = tuple[str, str, int, str, frozenset]  # dtype, mode, threads, attention, knobs
 
 
-def parse_system(text: str) -> tuple[str, str, int, str, str]:
+def parse_system(text: str) -> System:
     dtype, mode, threads, *rest = text.split(":")
     dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(dtype, dtype)
     attention = rest[0] if rest else "auto"
-    ops = rest[1] if len(rest) > 1 else "backend"
-    if dtype not in SHORT or mode not in ("eager", "plain", "compiled") or len(rest) > 2 or ops not in OPS:
-        raise argparse.ArgumentTypeError(f"system {text!r}: want dtype:eager|plain|compiled:threads[:attention[:torch]]")
-    return dtype, mode, int(threads), attention, ops
+    knobs = frozenset(rest[1].split("+")) if len(rest) > 1 else frozenset()
+    if dtype not in SHORT or mode not in ("eager", "plain", "compiled") or len(rest) > 2 or not knobs <= set(KNOBS):
+        raise argparse.ArgumentTypeError(
+            f"system {text!r}: want dtype:eager|plain|compiled:threads[:attention[:knob+knob]], knobs {', '.join(KNOBS)}")
+    return dtype, mode, int(threads), attention, knobs
 
 
-def label(system: tuple[str, str, int, str, str]) -> str:
+def label(system: System) -> str:
     attention = "" if system[3] == "auto" else f" {system[3]}"
-    ops = " torch-ops" if system[4] == "torch" else ""
-    return f"{SHORT[system[0]]} {system[1]} {system[2]}t{attention}{ops}"
+    knobs = "".join(f" {k}" for k in KNOBS if k in system[4])
+    return f"{SHORT[system[0]]} {system[1]} {system[2]}t{attention}{knobs}"
 
 
-def _key(system: tuple[str, str, int, str, str]) -> tuple[str, str, str, str]:
+def _apply(runner: ModelRunner, knobs: frozenset) -> None:
+    if "torch-ops" in knobs:
+        runner.attn.ops = torch_ops  # NOTE: the eager model reads attn.ops on every step
+    if "fp32-attn" in knobs:
+        if not hasattr(runner.attn, "native_bf16"):
+            raise SystemExit(f"fp32-attn: the {runner.attn.name} backend has no bf16 paths to turn off")
+        runner.attn.native_bf16 = runner.attn.cpp_extend = False
+
+
+def _key(system: System) -> tuple[str, str, str, frozenset]:
     """What a runner is built for (the thread count is set per measurement)."""
     return system[0], system[1], system[3], system[4]
 
@@ -91,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default")
     p.add_argument("--threads", default="1", help="comma-separated: every default system at each count")
-    p.add_argument("--systems", default="", help="comma-separated dtype:mode:threads[:attention[:torch]] (overrides the defaults)")
+    p.add_argument("--systems", default="", help="comma-separated dtype:mode:threads[:attention[:knobs]] (overrides the defaults)")
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--steps", type=int, default=10)
@@ -102,18 +115,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.systems:
         systems = [parse_system(s) for s in args.systems.split(",")]
     else:
-        systems = [(d, m, int(t), "auto", "backend") for t in args.threads.split(",") for d in SHORT
+        systems = [(d, m, int(t), "auto", frozenset()) for t in args.threads.split(",") for d in SHORT
                    for m in ("eager", "compiled")]
     kv_slots = max(max(batches) * (args.context + args.steps + 3), args.prefill)
-    runners: dict[tuple[str, str, str, str], ModelRunner] = {}
+    runners: dict[tuple[str, str, str, frozenset], ModelRunner] = {}
     for key in dict.fromkeys(_key(s) for s in systems):
-        dtype, mode, attention, ops = key
+        dtype, mode, attention, knobs = key
         runners[key] = r = ModelRunner(RunnerConfig(
             model=str(resolve_model(args.model)), dtype=dtype, kv_slots=kv_slots, max_requests=max(batches),
             compile=mode == "compiled", compile_sizes=tuple(batches), pack_weights=mode != "plain",
             attention_backend=attention))
-        if ops == "torch":
-            r.attn.ops = torch_ops  # NOTE: the eager model reads attn.ops on every step
+        _apply(r, knobs)
         if r.compiled is not None:
             torch.set_num_threads(systems[0][2])  # NOTE: other thread counts compile in their first warm-up steps
             r.compiled.warm_up(print)
@@ -143,7 +155,7 @@ def print_table(tps: dict[tuple, float], systems: list, batches: list, args) -> 
     ratios += [(a, b) for a in systems for b in systems if same(a, b, 0, 1, 3, 4) and a[2] > b[2]]
     ratios += [(a, b) for a in systems for b in systems
                if a[:3] == b[:3] and a[4] == b[4] and (a[3], b[3]) == ("cpu", "cpu_v1")]
-    ratios += [(a, b) for a in systems for b in systems if a[:4] == b[:4] and (a[4], b[4]) == ("backend", "torch")]
+    ratios += [(a, b) for a in systems for b in systems if a[:4] == b[:4] and a[4] < b[4]]  # fewer knobs off
     head = [label(s) for s in systems] + [f"{label(a)} / {label(b)}" for a, b in ratios]
     print("| batch | " + " | ".join(head) + " |")
     print("|---" * (len(head) + 1) + "|")
