@@ -47,9 +47,9 @@ class AttentionMetadata:
 class AttentionBackend(ABC):
     """Attention over a :class:`KVPool`; ``prepare`` once per step, ``forward`` per layer.
 
-    ``ops`` is the module of elementwise kernels (``rmsnorm``, ``apply_rope``,
-    ``silu_mul``, same signatures as :mod:`libs.kernels.ops`) that suits this
-    backend's device.
+    ``ops`` is the module of elementwise kernels (``rmsnorm``, ``add_rmsnorm``,
+    ``rope_cache`` / ``rope_qk``, ``silu_mul``, same signatures as
+    :mod:`libs.kernels.ops`) that suits this backend's device.
     """
 
     name: str = ""

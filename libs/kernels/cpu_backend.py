@@ -5,11 +5,12 @@ Both kernels (``csrc/decode.cpp``, ``csrc/extend.cpp``; built once, see
 write their rows of the output, so a step copies no K/V beyond the store of its
 new tokens. Decode: blocked online softmax, every query head of a kv head per K/V
 row (GQA), fp32 accumulation. Extend: query tiles x key blocks, bf16 products on
-oneDNN's brgemm (AMX). NOTE: where brgemm does not take the pool's dtype (fp32, or no
-AMX) extend rows go to torch's SDPA (the torch backend's path), which beat the C++
-fp32 loops (``cpp_extend = True`` with ``use_brgemm = False`` runs those). ``cpu_v1`` (the
-first kernel, torch for extend) stays as the benchmarks' baseline. ``ops``: RMSNorm
-and SiLU-and-multiply in C++ for bf16 (:mod:`.cpu_ops`).
+oneDNN's brgemm (AMX), else on AVX512-BF16's dot instruction. NOTE: where neither takes
+the pool's dtype (fp32, or a CPU with neither) extend rows go to torch's SDPA (the torch
+backend's path), which beat the C++ fp32 loops (``cpp_extend = True`` with
+``native_bf16 = False`` runs those). ``cpu_v1`` (the first kernel, torch for extend)
+stays as the benchmarks' baseline. ``ops``: the elementwise kernels in C++
+(:mod:`.cpu_ops`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 
 from . import cpu_ext, cpu_ops
 from .base import AttentionMetadata
-from .errors import BackendNotAvailable
 from .torch_backend import TorchAttentionBackend
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -58,17 +58,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._ext: _Rows | None = None
         self._decode_tokens = _EMPTY  # empty: request b's token is token b
         self._decode_lens = _EMPTY
-        # extend in C++ where brgemm takes the dtype (bf16 on AMX), else torch's SDPA (see the NOTE above)
-        self.cpp_extend = kv.dtype == torch.bfloat16 and bool(self._kernel.amx_bf16())
-        self.use_brgemm = True  # False: the C++ extend's fp32 loops even where brgemm would run
+        # extend in C++ where bf16 products run natively (AMX, AVX512-BF16), else torch's SDPA (the NOTE above)
+        self.cpp_extend = kv.dtype == torch.bfloat16 and bool(self._kernel.bf16_extend())
+        self.native_bf16 = True  # False: the C++ extend's fp32 loops even where bf16 products would run
 
     @classmethod
     def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
-        if torch.device(device).type != "cpu":
-            raise BackendNotAvailable(f"the {cls.name} attention backend runs on the CPU only")
-        if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise BackendNotAvailable(f"the {cls.name} attention backend does not support {dtype}")
-        cpu_ext.load()
+        cpu_ext.check_available(cls.name, device, dtype)
 
     def prepare(self, meta: AttentionMetadata) -> None:
         ext, seq = meta.extend_lens, meta.seq_lens
@@ -110,7 +106,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
                                       self.scale, target)
         if (e := self._ext) is not None:
             self._kernel.paged_extend(q, kp, vp, self._table, e.rows, e.prefix, e.extend, e.starts, self.scale, target,
-                                      self.use_brgemm)
+                                      self.native_bf16)
         for plan in self._extends:
             target[plan.start : plan.start + plan.length] = self._attend_extend(layer, q, k, v, plan)
         if out is not None and target is not out:

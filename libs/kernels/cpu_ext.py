@@ -1,7 +1,7 @@
 """Build (once, cached) and load the C++ CPU kernels in ``csrc/``.
 
-The first use compiles the sources in ``csrc/`` (decode, extend, the bf16 RMSNorm
-and SiLU-mul, the v1 decode kept as the benchmarks' baseline) with the machine's C++ compiler through
+The first use compiles the sources in ``csrc/`` (decode, extend, RMSNorm (with the
+residual add), SiLU-mul and RoPE, the v1 decode kept as the benchmarks' baseline) with the machine's C++ compiler through
 ``torch.utils.cpp_extension`` (a minute or two on 2 cores); later processes load
 the cached build from a folder keyed by the kernels' sources and headers, their
 flags, the CPU's feature flags (the build targets ``-march=native``) and the torch
@@ -24,12 +24,12 @@ from .errors import BackendNotAvailable
 
 log = logging.getLogger("radixmesh.kernels")
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp", "ops.cpp"]
+SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp", "ops.cpp", "rope.cpp"]
 # fast-math lets the reductions vectorise (the softmax's exp is our own, vec.h); 512-bit
 # vectors where the CPU has them (GCC prefers 256 on some that do). Compile
 # flags only: the link does not pull in crtfastmath, so the process's FP mode is untouched.
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp-simd"]
-LDFLAGS = ["-lmvec"]
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp-simd")
+LDFLAGS = ("-lmvec",)
 
 
 def build_key() -> str:
@@ -39,7 +39,7 @@ def build_key() -> str:
     digest = hashlib.sha256()
     for path in sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(" ".join(FLAGS + LDFLAGS).encode())
+    digest.update(" ".join(FLAGS + LDFLAGS).encode())  # NOTE: tuples: torch's load appends to the lists it is given
     digest.update(_cpu_flags().encode())
     return f"{digest.hexdigest()[:12]}-torch{torch.__version__.replace('+', '_')}"
 
@@ -71,6 +71,18 @@ def load() -> ModuleType:
     return module
 
 
+def check_available(backend: str, device, dtype=None) -> None:
+    """What every backend on these kernels requires: the CPU, a float dtype, the module
+    built; raises BackendNotAvailable naming ``backend`` otherwise."""
+    import torch
+
+    if torch.device(device).type != "cpu":
+        raise BackendNotAvailable(f"the {backend} attention backend runs on the CPU only")
+    if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise BackendNotAvailable(f"the {backend} attention backend does not support {dtype}")
+    load()
+
+
 STALE_LOCK_S = 900.0  # a build here takes 1-3 minutes; a lock this old was left by a killed one
 
 
@@ -98,7 +110,7 @@ def _build() -> ModuleType | BackendNotAvailable:
         log.info("loading the C++ CPU attention kernel (compiled on first use)")
         return cpp_extension.load(
             name="radixmesh_cpu_kernels", sources=[str(CSRC / name) for name in SOURCES],
-            extra_cflags=FLAGS, extra_ldflags=LDFLAGS,
+            extra_cflags=list(FLAGS), extra_ldflags=list(LDFLAGS),
             build_directory=str(build_dir()), verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build

@@ -16,7 +16,6 @@ import torch
 
 from . import cpu_ext
 from .base import AttentionMetadata
-from .errors import BackendNotAvailable
 from .torch_backend import TorchAttentionBackend
 
 
@@ -40,11 +39,7 @@ class CpuV1AttentionBackend(TorchAttentionBackend):
 
     @classmethod
     def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
-        if torch.device(device).type != "cpu":
-            raise BackendNotAvailable(f"the {cls.name} attention backend runs on the CPU only")
-        if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise BackendNotAvailable(f"the {cls.name} attention backend does not support {dtype}")
-        cpu_ext.load()
+        cpu_ext.check_available(cls.name, device, dtype)
 
     def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray, starts: np.ndarray) -> _Decode:
         dec = _Decode(meta, idx, starts)

@@ -1,4 +1,5 @@
-"""Elementwise kernels of Llama-family models in torch: RMSNorm, RoPE, SiLU-and-multiply."""
+"""Elementwise kernels of Llama-family models in torch: RMSNorm (alone and after the residual add),
+RoPE, SiLU-and-multiply."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+def add_rmsnorm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream ``x + h`` and its RMSNorm. Callers treat ``x`` and ``h`` as consumed:
+    the C++ version (:mod:`.cpu_ops`) returns them, overwritten in place."""
+    x = x + h
+    return x, rmsnorm(x, weight, eps)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -60,6 +68,17 @@ class Rotary:
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ([T, 1, D/2]) of each token's position, once per step for all layers."""
         return self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype)
+
+
+def rope_cache(rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype):
+    """What :func:`rope_qk` takes for a step's ``positions``: built once, used by every layer."""
+    return rotary.lookup(positions, dtype)
+
+
+def rope_qk(qkv: torch.Tensor, heads: int, head_dim: int, rope) -> torch.Tensor:
+    """The first ``heads`` heads of the fused QKV rows ([T, W]: the q heads, then the k heads),
+    rotated: [T, heads, head_dim]. ``rope`` is :func:`rope_cache`'s."""
+    return apply_rope(qkv[:, : heads * head_dim].view(qkv.shape[0], heads, head_dim), *rope)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .ops import rope_cache  # noqa: F401 - cos/sin looked up once per step, as in torch
 from .triton_utils import INTERPRETED, cast
 
 
@@ -67,6 +68,12 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def add_rmsnorm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream ``x + h`` and its RMSNorm (see :func:`libs.kernels.ops.add_rmsnorm`)."""
+    x = x + h
+    return x, rmsnorm(x, weight, eps)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for a [T, 2 * inter] gate/up projection."""
     assert gate_up.dim() == 2 and gate_up.stride(-1) == 1
@@ -93,3 +100,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         INTERP=INTERPRETED,
     )
     return out
+
+
+def rope_qk(qkv: torch.Tensor, heads: int, head_dim: int, rope) -> torch.Tensor:
+    """The first ``heads`` heads of the fused QKV rows, rotated (see :func:`libs.kernels.ops.rope_qk`)."""
+    return apply_rope(qkv[:, : heads * head_dim].view(qkv.shape[0], heads, head_dim), *rope)

@@ -4,14 +4,18 @@ Each request starts with a ``--context``-token KV already in place (the table
 rows are filled directly: KV content does not change the cost), then every
 step decodes one token for the whole batch.
 
-A system is ``dtype:mode:threads[:attention]``: mode ``eager`` (the default runner: bf16
+A system is ``dtype:mode:threads[:attention[:knobs]]``: mode ``eager`` (the default runner: bf16
 weights packed for oneDNN where it has bf16), ``plain`` (eager, unpacked) or
 ``compiled``; attention an attention backend by name (default ``auto``; e.g.
-``cpu_v1``, the first C++ kernel, against ``cpu``); by default fp32 and bf16, eager
-and compiled, at ``--threads``. The systems take turns batch
-by batch, round after round, and the table reports medians: this machine is
-noisy (shared, the second vCPU sometimes delivers little), so only ratios taken
-in one run mean anything.
+``cpu_v1``, the first C++ kernel, against ``cpu``); knobs, joined by ``+``, turn parts
+off: ``torch-ops`` runs the eager model's elementwise ops (RMSNorm, residual add, RoPE,
+SiLU-mul) in torch instead of the backend's own (the C++ ones of ``cpu``), ``fp32-attn``
+sends the ``cpu`` backend's extend rows to torch's SDPA (what it did on CPUs without AMX
+before its AVX512-BF16 extend); by default
+fp32 and bf16, eager and compiled, at ``--threads``. ``--prefill N`` adds a row: one N-token prefill chunk, tokens/s. The
+systems take turns batch by batch, round after round, and the table reports medians:
+this machine is noisy (shared, the second vCPU sometimes delivers little), so only
+ratios taken in one run mean anything.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 
 import torch
 
+from libs.kernels import ops as torch_ops
 from libs.models import resolve_model
 from libs.protocol.messages import ForwardBatch, NewRow
 
@@ -48,70 +53,109 @@ def bench_decode(runner: ModelRunner, batch: int, context: int, steps: int, warm
     return (time.perf_counter() - start) / steps
 
 
-def parse_system(text: str) -> tuple[str, str, int, str]:
-    dtype, mode, threads, *attention = text.split(":")
+def bench_prefill(runner: ModelRunner, tokens: int, repeat: int = 2) -> float:
+    """Seconds per prefill of one ``tokens``-token chunk (no cached prefix), after one untimed."""
+    batch = ForwardBatch(step=0, new_rows=[NewRow(row=0, temperature=0.0, top_p=1.0, top_k=-1, seed=0)], rows=[0],
+                         prefix_lens=[0], extend_lens=[tokens], input_ids=[(i * 7919) % runner.vocab_size for i in range(tokens)],
+                         out_slots=list(range(tokens)))
+    runner.execute(batch)
+    start = time.perf_counter()
+    for _ in range(repeat):
+        runner.execute(batch)
+    return (time.perf_counter() - start) / repeat
+
+
+KNOBS = ("torch-ops", "fp32-attn")
+System = tuple[str, str, int, str, frozenset]  # dtype, mode, threads, attention, knobs
+
+
+def parse_system(text: str) -> System:
+    dtype, mode, threads, *rest = text.split(":")
     dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(dtype, dtype)
-    if dtype not in SHORT or mode not in ("eager", "plain", "compiled") or len(attention) > 1:
-        raise argparse.ArgumentTypeError(f"system {text!r}: want dtype:eager|plain|compiled:threads[:attention]")
-    return dtype, mode, int(threads), attention[0] if attention else "auto"
+    attention = rest[0] if rest else "auto"
+    knobs = frozenset(rest[1].split("+")) if len(rest) > 1 else frozenset()
+    if dtype not in SHORT or mode not in ("eager", "plain", "compiled") or len(rest) > 2 or not knobs <= set(KNOBS):
+        raise argparse.ArgumentTypeError(
+            f"system {text!r}: want dtype:eager|plain|compiled:threads[:attention[:knob+knob]], knobs {', '.join(KNOBS)}")
+    return dtype, mode, int(threads), attention, knobs
 
 
-def label(system: tuple[str, str, int, str]) -> str:
+def label(system: System) -> str:
     attention = "" if system[3] == "auto" else f" {system[3]}"
-    return f"{SHORT[system[0]]} {system[1]} {system[2]}t{attention}"
+    knobs = "".join(f" {k}" for k in KNOBS if k in system[4])
+    return f"{SHORT[system[0]]} {system[1]} {system[2]}t{attention}{knobs}"
 
 
-def _key(system: tuple[str, str, int, str]) -> tuple[str, str, str]:
+def _apply(runner: ModelRunner, knobs: frozenset) -> None:
+    if "torch-ops" in knobs:
+        runner.attn.ops = torch_ops  # NOTE: the eager model reads attn.ops on every step
+    if "fp32-attn" in knobs:
+        if not hasattr(runner.attn, "native_bf16"):
+            raise SystemExit(f"fp32-attn: the {runner.attn.name} backend has no bf16 paths to turn off")
+        runner.attn.native_bf16 = runner.attn.cpp_extend = False
+
+
+def _key(system: System) -> tuple[str, str, str, frozenset]:
     """What a runner is built for (the thread count is set per measurement)."""
-    return system[0], system[1], system[3]
+    return system[0], system[1], system[3], system[4]
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default")
     p.add_argument("--threads", default="1", help="comma-separated: every default system at each count")
-    p.add_argument("--systems", default="", help="comma-separated dtype:mode:threads (overrides the defaults)")
+    p.add_argument("--systems", default="", help="comma-separated dtype:mode:threads[:attention[:knobs]] (overrides the defaults)")
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
+    p.add_argument("--prefill", type=int, default=0, help="also time one prefill chunk of this many tokens")
     args = p.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     if args.systems:
         systems = [parse_system(s) for s in args.systems.split(",")]
     else:
-        systems = [(d, m, int(t), "auto") for t in args.threads.split(",") for d in SHORT for m in ("eager", "compiled")]
-    kv_slots = max(batches) * (args.context + args.steps + 3)
-    runners: dict[tuple[str, str, str], ModelRunner] = {}
-    for dtype, mode, attention in dict.fromkeys(_key(s) for s in systems):
-        runners[dtype, mode, attention] = r = ModelRunner(RunnerConfig(
+        systems = [(d, m, int(t), "auto", frozenset()) for t in args.threads.split(",") for d in SHORT
+                   for m in ("eager", "compiled")]
+    kv_slots = max(max(batches) * (args.context + args.steps + 3), args.prefill)
+    runners: dict[tuple[str, str, str, frozenset], ModelRunner] = {}
+    for key in dict.fromkeys(_key(s) for s in systems):
+        dtype, mode, attention, knobs = key
+        runners[key] = r = ModelRunner(RunnerConfig(
             model=str(resolve_model(args.model)), dtype=dtype, kv_slots=kv_slots, max_requests=max(batches),
             compile=mode == "compiled", compile_sizes=tuple(batches), pack_weights=mode != "plain",
             attention_backend=attention))
+        _apply(r, knobs)
         if r.compiled is not None:
             torch.set_num_threads(systems[0][2])  # NOTE: other thread counts compile in their first warm-up steps
             r.compiled.warm_up(print)
-    samples: dict[tuple, list[float]] = {(s, b): [] for s in systems for b in batches}
+    rows: list[int | str] = [*batches, *([f"prefill {args.prefill}"] if args.prefill else [])]
+    samples: dict[tuple, list[float]] = {(s, b): [] for s in systems for b in rows}
     for i in range(args.rounds):
-        for b in batches:
+        for b in rows:
             for s in systems:
                 torch.set_num_threads(s[2])
-                samples[s, b].append(b / bench_decode(runners[_key(s)], b, args.context, args.steps))
-            print(f"round {i + 1}/{args.rounds}: batch {b} done", flush=True)
-    print_table({k: statistics.median(v) for k, v in samples.items()}, systems, batches, args)
+                runner = runners[_key(s)]
+                tps = (args.prefill / bench_prefill(runner, args.prefill) if isinstance(b, str)
+                       else b / bench_decode(runner, b, args.context, args.steps))
+                samples[s, b].append(tps)
+            print(f"round {i + 1}/{args.rounds}: {b} done", flush=True)
+    print_table({k: statistics.median(v) for k, v in samples.items()}, systems, rows, args)
     print_ceilings(sorted({s[2] for s in systems}), runners)
 
 
-def print_table(tps: dict[tuple, float], systems: list, batches: list[int], args) -> None:
-    print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} steps, "
-          f"median of {args.rounds} interleaved rounds")
+def print_table(tps: dict[tuple, float], systems: list, batches: list, args) -> None:
+    print(f"\ndecode tokens/s (batch rows), {args.context}-token contexts, {args.steps} steps; prefill tokens/s "
+          f"(prefill row); median of {args.rounds} interleaved rounds")
     same = lambda a, b, *fields: all(a[f] == b[f] for f in fields)  # noqa: E731
     ratios = [(c, e) for c in systems for e in systems
-              if (c[1], e[1]) in (("compiled", "eager"), ("eager", "plain")) and same(c, e, 0, 2, 3)]
+              if (c[1], e[1]) in (("compiled", "eager"), ("eager", "plain")) and same(c, e, 0, 2, 3, 4)]
     ratios += [(a, b) for a in systems for b in systems
                if a[0] == "bfloat16" and b[0] == "float32" and a[1:] == b[1:]]
-    ratios += [(a, b) for a in systems for b in systems if same(a, b, 0, 1, 3) and a[2] > b[2]]
-    ratios += [(a, b) for a in systems for b in systems if a[:3] == b[:3] and (a[3], b[3]) == ("cpu", "cpu_v1")]
+    ratios += [(a, b) for a in systems for b in systems if same(a, b, 0, 1, 3, 4) and a[2] > b[2]]
+    ratios += [(a, b) for a in systems for b in systems
+               if a[:3] == b[:3] and a[4] == b[4] and (a[3], b[3]) == ("cpu", "cpu_v1")]
+    ratios += [(a, b) for a in systems for b in systems if a[:4] == b[:4] and a[4] < b[4]]  # fewer knobs off
     head = [label(s) for s in systems] + [f"{label(a)} / {label(b)}" for a, b in ratios]
     print("| batch | " + " | ".join(head) + " |")
     print("|---" * (len(head) + 1) + "|")

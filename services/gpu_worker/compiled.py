@@ -14,6 +14,10 @@ Every op inside a piece is row-wise (linear, RMSNorm, RoPE, SiLU), so padding ne
 mixes into real rows; attention sees only rows [0, T) (so padding writes no KV slot),
 and only real rows reach the LM head (so sampling never sees padding).
 
+The pieces run the torch elementwise ops (:mod:`libs.kernels.ops`), which inductor
+fuses into its own loops; the backend's C++ ones (:mod:`libs.kernels.cpu_ops`, opaque
+to it and in place) serve the eager step only.
+
 Compiled code is cached on disk (inductor's cache under ``~/.cache/radixmesh/inductor``,
 ``$TORCHINDUCTOR_CACHE_DIR`` if set), so a second start only traces.
 """
@@ -29,6 +33,7 @@ from typing import Callable
 import torch
 
 from libs.kernels import AttentionBackend, AttentionMetadata
+from libs.kernels import ops as torch_ops
 
 from .model import LlamaModel
 
@@ -122,7 +127,7 @@ class CompiledStep:
     def _run(self, t: int, n: int, attend) -> torch.Tensor:
         """The pieces over ``n`` padded rows, attention over the first ``t``."""
         layers = self.model.weights.layers
-        rope = self.model.rotary.lookup(self._positions[:n], self.model.dtype)
+        rope = torch_ops.rope_cache(self.model.rotary, self._positions[:n], self.model.dtype)
         out = self._out[:n]
         x, q, k, v = self._first(self._ids[:n], rope, layers[0])
         for i in range(1, len(layers)):

@@ -34,7 +34,8 @@ class LlamaModel:
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.rotary = Rotary(inv_freq, cfg.max_position_embeddings, device)
         self._q_heads = cfg.num_heads
-        self._qk_width = (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim
+        self._qk_heads = cfg.num_heads + cfg.num_kv_heads
+        self._qk_width = self._qk_heads * cfg.head_dim
 
     @torch.inference_mode()
     def forward(
@@ -54,7 +55,7 @@ class LlamaModel:
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         """The residual stream after the last layer ([T, hidden]), eagerly, op by op."""
         w, ops = self.weights, attn.ops  # NOTE: elementwise kernels that match the attention backend
-        rope = self.rotary.lookup(positions, self.dtype)
+        rope = ops.rope_cache(self.rotary, positions, self.dtype)
         x, q, k, v = self.first_piece(input_ids, rope, w.layers[0], ops)
         for i in range(1, len(w.layers)):
             x, q, k, v = self.middle_piece(x, attn.forward(i - 1, q, k, v), rope, w.layers[i - 1], w.layers[i], ops)
@@ -70,28 +71,35 @@ class LlamaModel:
     #   first:  embed -> layer 0 attention input          -> attention 0
     #   middle: layer i-1 o_proj + MLP -> layer i input   -> attention i   (i = 1 .. L-1)
     #   last:   layer L-1 o_proj + MLP                    -> final norm, LM head (eager)
+    #
+    # NOTE: each residual add is fused with the RMSNorm after it (ops.add_rmsnorm, in
+    # place in C++): a layer's MLP output is carried to the next layer's input norm.
 
     def first_piece(self, input_ids, rope, layer: LayerWeights, ops=torch_ops):
         x = F.embedding(input_ids, self.weights.embed)
-        return (x, *self._attention_in(x, layer, rope, ops))
+        return (x, *self._attention_in(ops.rmsnorm(x, layer.input_norm, self.config.rms_norm_eps), layer, rope, ops))
 
     def middle_piece(self, x, o, rope, done: LayerWeights, layer: LayerWeights, ops=torch_ops):
-        x = self._layer_out(x, o, done, ops)
-        return (x, *self._attention_in(x, layer, rope, ops))
+        x, mlp = self._layer_out(x, o, done, ops)
+        x, h = ops.add_rmsnorm(x, mlp, layer.input_norm, self.config.rms_norm_eps)
+        return (x, *self._attention_in(h, layer, rope, ops))
 
     def last_piece(self, x, o, done: LayerWeights, ops=torch_ops):
-        return self._layer_out(x, o, done, ops)
+        x, mlp = self._layer_out(x, o, done, ops)
+        return x + mlp
 
-    def _attention_in(self, x, layer: LayerWeights, rope, ops):
-        """q, k ([T, heads | kv_heads, D], rotated) and v of layer ``layer``."""
-        cfg, t = self.config, x.shape[0]
-        qkv = linear(ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps), layer.qkv, layer.qkv_bias)
-        qk = ops.apply_rope(qkv[:, : self._qk_width].view(t, -1, cfg.head_dim), *rope)
+    def _attention_in(self, h, layer: LayerWeights, rope, ops):
+        """q, k ([T, heads | kv_heads, D], rotated) and v of layer ``layer`` from its normed input ``h``."""
+        cfg, t = self.config, h.shape[0]
+        qkv = linear(h, layer.qkv, layer.qkv_bias)
+        qk = ops.rope_qk(qkv, self._qk_heads, cfg.head_dim, rope)
         v = qkv[:, self._qk_width :].view(t, cfg.num_kv_heads, cfg.head_dim)
         return qk[:, : self._q_heads], qk[:, self._q_heads :], v
 
     def _layer_out(self, x, o, layer: LayerWeights, ops):
-        """The residual stream after a layer's attention output ``o`` ([T, heads, D]) and its MLP."""
-        x = x + linear(o.reshape(x.shape[0], -1), layer.o_proj, layer.o_bias)
-        gate_up = linear(ops.rmsnorm(x, layer.post_norm, self.config.rms_norm_eps), layer.gate_up, layer.gate_up_bias)
-        return x + linear(ops.silu_mul(gate_up), layer.down, layer.down_bias)
+        """The residual stream after a layer's attention output ``o`` ([T, heads, D]), and the
+        layer's MLP output (not yet added to it)."""
+        o = linear(o.reshape(x.shape[0], -1), layer.o_proj, layer.o_bias)
+        x, h = ops.add_rmsnorm(x, o, layer.post_norm, self.config.rms_norm_eps)
+        gate_up = linear(h, layer.gate_up, layer.gate_up_bias)
+        return x, linear(ops.silu_mul(gate_up), layer.down, layer.down_bias)

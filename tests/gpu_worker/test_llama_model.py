@@ -84,3 +84,32 @@ def test_unsupported_architecture_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
         ModelConfig.from_dir(tmp_path)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [("float32", 1e-5), ("bfloat16", 1e-2)])
+def test_the_cpp_elementwise_ops_give_the_torch_ops_logits(tmp_path, dtype, tolerance):
+    """The cpu backend's C++ ops (RMSNorm fused with the residual add and run in place, RoPE in
+    place) against torch's, same weights, a prefill then a decode step: fp32 within the C++
+    RMSNorm / SiLU's last-bit differences (measured: 2e-7); bf16 within a few of its rounding
+    steps of 2^-8 (measured: identical, as RoPE and the add round as torch does)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from libs.kernels import cpu_ops
+    from libs.kernels import ops as torch_ops
+
+    _save_random(Qwen2ForCausalLM(Qwen2Config(**SMALL)), tmp_path)
+    make = lambda: ModelRunner(RunnerConfig(model=str(tmp_path), kv_slots=64, max_requests=4, dtype=dtype,  # noqa: E731
+                                            attention_backend="cpu"))
+    cpp, ref = make(), make()
+    ref.attn.ops = torch_ops
+    assert cpp.attn.ops is cpu_ops
+    new = [NewRow(row=r, temperature=0.0, top_p=1.0, top_k=-1, seed=0) for r in (0, 1)]
+    steps = [
+        ForwardBatch(step=0, new_rows=new, rows=[0, 1], prefix_lens=[0, 0], extend_lens=[5, 3],
+                     input_ids=[5, 17, 250, 3, 9, 44, 101, 7], out_slots=list(range(8))),
+        ForwardBatch(step=1, new_rows=[], rows=[0, 1], prefix_lens=[5, 3], extend_lens=[1, 1],
+                     input_ids=[12, 80], out_slots=[8, 9]),
+    ]
+    for batch in steps:
+        got, want = cpp.logits(batch), ref.logits(batch)
+        assert float((got - want).abs().max() / want.abs().max()) < tolerance

@@ -1,8 +1,8 @@
 """The C++ cpu backend (decode and extend kernels) against the float64 reference, and its guard on slots.
 
 bf16 tolerance (attention_case.TOLERANCE, 1e-2 of the largest output): inputs and
-outputs are bf16 (a relative rounding of 2^-9 each), and on AMX the probabilities are
-rounded to bf16 before P . V; the sums themselves are fp32. Measured over random
+outputs are bf16 (a relative rounding of 2^-9 each), and in the native bf16 extend (AMX,
+AVX512-BF16) the probabilities are rounded to bf16 before P . V; the sums themselves are fp32. Measured over random
 ragged batches: 3.7e-3 worst (the torch backend's bf16: 3.2e-3).
 """
 
@@ -22,18 +22,23 @@ def cpu_backend(pool):
 
 
 def cpu_loops(pool):
-    """Extend rows through the C++ kernel's fp32 loops (by default they go to brgemm, or to SDPA)."""
+    """Extend rows through the C++ kernel's fp32 loops (by default they go to brgemm or
+    AVX512-BF16's dot products, or to SDPA)."""
     backend = get_backend("cpu", pool)
-    backend.cpp_extend, backend.use_brgemm = True, False
+    backend.cpp_extend, backend.native_bf16 = True, False
     return backend
 
 
 BOTH = pytest.mark.parametrize("make", [cpu_backend, cpu_loops], ids=["default", "cpp-loops"])
 
 
-def test_extend_goes_to_cpp_where_brgemm_takes_bf16():
-    amx = bool(get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16))._kernel.amx_bf16())
-    assert get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16)).cpp_extend == amx
+def test_extend_goes_to_cpp_where_bf16_products_are_native():
+    from services.gpu_worker.precision import cpu_flags
+
+    kernel = get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16))._kernel
+    native = bool(kernel.amx_bf16()) or "avx512_bf16" in cpu_flags()  # NOTE: the build targets this CPU
+    assert bool(kernel.bf16_extend()) == native
+    assert get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16)).cpp_extend == native
     assert not get_backend("cpu", KVPool(1, 8, 2, 64)).cpp_extend
 
 

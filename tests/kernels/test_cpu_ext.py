@@ -22,11 +22,19 @@ def test_build_folder_is_keyed_by_sources_headers_flags_cpu_and_torch(tmp_path, 
     edited = cpu_ext.build_dir()
     (csrc / "vec.h").write_text("#pragma once\n// changed\n")
     header = cpu_ext.build_dir()
-    monkeypatch.setattr(cpu_ext, "FLAGS", [*cpu_ext.FLAGS, "-DX"])
+    monkeypatch.setattr(cpu_ext, "FLAGS", (*cpu_ext.FLAGS, "-DX"))
     flagged = cpu_ext.build_dir()
     monkeypatch.setattr(cpu_ext, "_cpu_flags", lambda: "flags : fpu sse2")  # another CPU
     other_cpu = cpu_ext.build_dir()
     assert len({first, edited, header, flagged, other_cpu}) == 5
+
+
+def test_loading_leaves_the_key_as_it_was():
+    """torch's load appends its own link flags to the list it is given: the key must not see them."""
+    assert isinstance(cpu_ext.FLAGS, tuple) and isinstance(cpu_ext.LDFLAGS, tuple)  # nothing can append
+    before = cpu_ext.build_key()
+    cpu_ext.load()
+    assert cpu_ext.build_key() == before
 
 
 def test_the_sources_it_builds_exist():

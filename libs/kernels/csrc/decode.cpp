@@ -67,7 +67,8 @@ void decode_item(const T* q, const T* k, const T* v, const int64_t* slots, int64
         for (int64_t d = 0; d < D; ++d) a[d] *= corr;
       }
     }
-    for (int64_t j = 0; j < Hs; ++j) rmk::pv_rows(acc + j * D, sc + j * kBlock, v + (h0 + j / G) * D, sl, n, row, D);
+    for (int64_t h = h0; h < h1; ++h)
+      rmk::pv_heads(acc + (h - h0) * G * D, sc + (h - h0) * G * kBlock, kBlock, v + h * D, sl, n, row, D, G);
   }
   for (int64_t j = 0; j < Hs; ++j) rmk::narrow(out + (h0 * G + j) * D, acc + j * D, D, 1.0f / sum[j]);
 }

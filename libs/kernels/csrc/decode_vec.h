@@ -53,6 +53,27 @@ inline void pv_rows_d(float* acc, const float* p, const T* base, const int64_t* 
 #pragma GCC unroll 8
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
 }
+
+// acc[g * D ...] += sum_t p[g * pstride + t] * V(slot t) for the G query heads of one kv
+// head: each V row widened once for all of them (G x D/16 accumulators in registers)
+template <int C, int G, typename T>
+inline void pv_heads_d(float* acc, const float* p, int64_t pstride, const T* base, const int64_t* slots, int64_t n,
+                       int64_t row) {
+  __m512 a[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) a[g][c] = _mm512_loadu_ps(acc + (g * C + c) * 16);
+  for (int64_t t = 0; t < n; ++t) {
+    const T* vr = base + slots[t] * row;
+    __m512 vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = load16(vr + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512 pt = _mm512_set1_ps(p[g * pstride + t]);
+      for (int c = 0; c < C; ++c) a[g][c] = _mm512_fmadd_ps(pt, vv[c], a[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + (g * C + c) * 16, a[g][c]);
+}
 #endif
 
 template <typename T>
@@ -76,6 +97,21 @@ inline void pv_rows(float* acc, const float* p, const T* base, const int64_t* sl
   }
 #endif
   pv_rows_generic(acc, p, base, slots, n, row, D);
+}
+
+// pv_rows for the G query heads of one kv head (p and acc: head g at g * pstride, g * D)
+template <typename T>
+inline void pv_heads(float* acc, const float* p, int64_t pstride, const T* base, const int64_t* slots, int64_t n,
+                     int64_t row, int64_t D, int64_t G) {
+#if defined(__AVX512F__)
+  if constexpr (kWide<T>) {
+    if (D == 64 && G == 2) return pv_heads_d<4, 2>(acc, p, pstride, base, slots, n, row);
+    if (D == 64 && G == 3) return pv_heads_d<4, 3>(acc, p, pstride, base, slots, n, row);
+    if (D == 64 && G == 4) return pv_heads_d<4, 4>(acc, p, pstride, base, slots, n, row);
+    if (D == 128 && G == 2) return pv_heads_d<8, 2>(acc, p, pstride, base, slots, n, row);
+  }
+#endif
+  for (int64_t g = 0; g < G; ++g) pv_rows(acc + g * D, p + g * pstride, base, slots, n, row, D);
 }
 
 }  // namespace rmk

@@ -7,7 +7,8 @@
 // into M = kTileQ * G rows (row r = token r / G, head r % G), so each key block is
 // read once for all of them. Flash-attention style: per block of kTileK (128) keys the
 // scores S = Q K^T, an online softmax, O += P V, all in fp32. The two products are
-// matmul-shaped: bf16 on AMX through oneDNN's brgemm (tiles.h), else fp32 loops.
+// matmul-shaped: bf16 on AMX through oneDNN's brgemm (tiles.h), else on AVX512-BF16's
+// dot products (dot_tiles.h), else fp32 loops.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -16,6 +17,7 @@
 #include <limits>
 #include <vector>
 
+#include "dot_tiles.h"
 #include "kernels.h"
 #include "tiles.h"
 #include "vec.h"
@@ -116,6 +118,14 @@ void run_items(const std::vector<Item>& items, const at::Tensor& q, const at::Te
 
 bool amx_bf16_available() { return rmk::brgemm_usable(); }
 
+bool bf16_extend_available() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return rmk::brgemm_usable();
+#endif
+}
+
 void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                        const at::Tensor& rows, const at::Tensor& prefix, const at::Tensor& extend,
                        const at::Tensor& starts, double scale, at::Tensor& out, bool allow_brgemm) {
@@ -133,10 +143,17 @@ void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   const Shape s{kv_heads, q.size(1) / kv_heads, q.size(2), q.size(1), table.size(1), static_cast<float>(scale)};
   const auto items = plan_items(ext_p, B, kv_heads);
   const int64_t* table_p = table.data_ptr<int64_t>();
-  if (q.scalar_type() == at::kBFloat16 && s.D % 32 == 0 && allow_brgemm && rmk::brgemm_usable()) {
+  const bool bf16 = q.scalar_type() == at::kBFloat16 && s.D % 32 == 0 && allow_brgemm;
+  if (bf16 && rmk::brgemm_usable()) {
     run_items<at::BFloat16, rmk::AmxTiles>(items, q, k, v, table_p, rows_p, pre_p, st_p, s, out);
     return;
   }
+#if defined(__AVX512BF16__)
+  if (bf16 && rmk::DotTiles::takes(s.D)) {
+    run_items<at::BFloat16, rmk::DotTiles>(items, q, k, v, table_p, rows_p, pre_p, st_p, s, out);
+    return;
+  }
+#endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_extend", [&] {
     run_items<scalar_t, rmk::LoopTiles<scalar_t>>(items, q, k, v, table_p, rows_p, pre_p, st_p, s, out);
   });

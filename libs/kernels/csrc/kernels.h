@@ -16,10 +16,25 @@ void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        const at::Tensor& starts, double scale, at::Tensor& out, bool allow_brgemm);
 
 bool amx_bf16_available();
+bool bf16_extend_available();
 
-// ops.cpp: elementwise kernels for bf16 / fp16 activations
+// ops.cpp, rope.cpp: elementwise kernels for fp32 / bf16 / fp16 activations
 at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void add_rmsnorm_(at::Tensor& x, at::Tensor& h, const at::Tensor& weight, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+void rope_qk_(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+              int64_t heads, int64_t head_dim);
+
+// f(scalar_t{}) for fp32 / bf16 / fp16 (the row kernels' types; AT_DISPATCH's sets add fp64)
+template <typename F>
+inline void dispatch_row_types(at::ScalarType type, const char* name, F&& f) {
+  switch (type) {
+    case at::kFloat: return f(float{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    case at::kHalf: return f(c10::Half{});
+    default: TORCH_CHECK(false, name, ": fp32, bf16 or fp16 only");
+  }
+}
 
 inline void check_index(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.dim() == 1, name, " must be contiguous 1-d int64");

@@ -7,7 +7,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_v1", &paged_decode_v1, "v1 decode attention from the paged KV pool (fp32 output)");
   m.def("paged_decode", &paged_decode_into, "decode attention from the paged KV pool, into out");
   m.def("paged_extend", &paged_extend_into, "causal extend attention over a cached prefix from the pool, into out");
-  m.def("rmsnorm", &rmsnorm, "RMSNorm of bf16/fp16 rows, in fp32");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of bf16/fp16 rows, in fp32");
+  m.def("rmsnorm", &rmsnorm, "RMSNorm of fp32/bf16/fp16 rows, in fp32");
+  m.def("add_rmsnorm_", &add_rmsnorm_, "x += h, then h = RMSNorm(x), in place, in fp32");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of fp32/bf16/fp16 rows, in fp32");
+  m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k heads of fused QKV rows, in place");
   m.def("amx_bf16", &amx_bf16_available, "whether bf16 products run on oneDNN's brgemm (AMX)");
+  m.def("bf16_extend", &bf16_extend_available, "whether bf16 extend products run natively (AMX or AVX512-BF16)");
 }

@@ -6,7 +6,8 @@
 // the pool's slots, into the layout its product wants; the query tiles of the same
 // request and head that follow on this thread reuse it (blocks[i] holds keys
 // i * kTileK ...). AmxTiles: bf16, VNNI-packed for oneDNN's brgemm (AMX where the
-// CPU has it). LoopTiles: fp32 loops the compiler vectorises, for any dtype.
+// CPU has it); DotTiles (dot_tiles.h): the same packing on AVX512-BF16's dot products.
+// LoopTiles: fp32 loops the compiler vectorises, for any dtype.
 #pragma once
 
 #include <ATen/native/CPUBlas.h>
@@ -110,12 +111,13 @@ struct LoopTiles : TileBase<float, float> {
   }
 };
 
-struct AmxTiles : TileBase<c10::BFloat16, c10::BFloat16> {
+// bf16 blocks packed in VNNI pairs, P rounded to bf16: the layout of both native bf16
+// paths, AmxTiles (oneDNN's brgemm) and DotTiles (AVX512-BF16, dot_tiles.h)
+struct VnniTiles : TileBase<c10::BFloat16, c10::BFloat16> {
   std::vector<c10::BFloat16> P;
-  AmxTiles(int64_t Mmax, int64_t D_) : TileBase(Mmax, D_), P(Mmax * kTileK) {}
+  VnniTiles(int64_t Mmax, int64_t D_) : TileBase(Mmax, D_), P(Mmax * kTileK) {}
   void begin(int64_t M_, int64_t) { TileBase::begin(M_); }
   void load_q(int64_t r, const c10::BFloat16* src) { std::memcpy(Q.data() + r * D, src, D * sizeof(c10::BFloat16)); }
-  void release() { at::native::cpublas::brgemm_release(); }
 
   // K^T in VNNI [D/2, kTileK, 2]: each key's (d, d+1) pair, keys side by side; V in VNNI
   // [kTileK/2, D, 2]: rows t and t + 1 interleaved. Keys past n are zero.
@@ -137,11 +139,19 @@ struct AmxTiles : TileBase<c10::BFloat16, c10::BFloat16> {
       for (int64_t d = 0; d < D; ++d) dst[d * 2] = vr[d];
     }
   }
+  void round_p() {
+    for (int64_t r = 0; r < M; ++r) narrow(P.data() + r * kTileK, S + r * kTileK, kTileK);
+  }
+};
+
+struct AmxTiles : VnniTiles {
+  using VnniTiles::VnniTiles;
+  void release() { at::native::cpublas::brgemm_release(); }
   void scores() {
     at::native::cpublas::brgemm(M, kTileK, D, D, kTileK, kTileK, false, Q.data(), kblocks[block].data(), S);
   }
   void accumulate() {
-    for (int64_t r = 0; r < M; ++r) narrow(P.data() + r * kTileK, S + r * kTileK, kTileK);
+    round_p();
     at::native::cpublas::brgemm(M, D, kTileK, kTileK, D, D, true, P.data(), vblocks[block].data(), O);
   }
 };
