@@ -340,6 +340,7 @@ class SchedStats(Base, tag="sched_stats_reply.v1"):
     kv_transfer_bytes: int = 0  # received
     kv_transfer_seconds: float = 0.0  # received: request sent -> KV ready
     kv_transfer_failures: dict[str, int] = {}  # by reason: decode side fell back to its own prefill
+    kv_transfer_renewals: int = 0  # deadlines renewed: the prefill side said it still has the request
     # the shared store (L3): fetches by outcome (complete / partial / deadline / miss / error /
     # skipped: predicted slower than recomputing), tokens fetched into the host tier, tokens put
     store_fetches: dict[str, int] = {}
@@ -630,6 +631,20 @@ class PrefillAck(Base, tag="prefill_ack.v1"):
     session: str = ""
     # the prefill scheduler's own prediction when it accepted: its queued prefill
     # tokens (this request's included) over its measured prefill rate
+    predicted_s: float = 0.0
+
+
+class PrefillStatus(Base, tag="prefill_status.v1"):
+    """Decode scheduler -> prefill scheduler (request; reply PrefillStatusReply): where
+    is transfer ``transfer_id``? Asked when its deadline passes, before giving up."""
+
+    transfer_id: str
+
+
+class PrefillStatusReply(Base, tag="prefill_status_reply.v1"):
+    # queued | running (prefilling) | sending (KV on its way) | unknown (not here)
+    state: str
+    # prefill tokens ahead of and including this request over the measured prefill rate
     predicted_s: float = 0.0
 
 

@@ -77,6 +77,9 @@ class Subjects:
     def sched_prefill(self, worker: str) -> str:
         return self._s("sched", check_token(worker), "prefill")
 
+    def sched_prefill_status(self, worker: str) -> str:
+        return self._s("sched", check_token(worker), "prefill_status")
+
     def sched_kv_ready(self, worker: str) -> str:
         return self._s("sched", check_token(worker), "kv_ready")
 

@@ -51,6 +51,7 @@ def sched_stats(core: SchedulerCore) -> SchedStats:
         kv_transfers_in=d.received, kv_transfers_out=core.prefill.sent,
         kv_transfer_bytes=d.nbytes, kv_transfer_seconds=d.seconds,
         kv_transfer_failures=dict(d.failures),
+        kv_transfer_renewals=d.renewals,
     )
 
 

@@ -74,6 +74,7 @@ class DecodeBook:
         self.received = self.nbytes = 0
         self.seconds = 0.0
         self.failures: Counter[str] = Counter()
+        self.renewals = 0  # deadlines renewed after the prefill side said it has the request
         self.rates = TransferRates(core.info.kv_layout)
 
     def __len__(self) -> int:
@@ -218,8 +219,14 @@ class DecodeBook:
         return False  # arrived: activate() ends it
 
     def expired(self, now: float) -> list[Req]:
-        return [r for r in self.pending.values()
-                if r.transfer.sent_at and now > r.transfer.sent_at + self.deadline_s(r)]
+        """Pending past their deadline (from the request or its last renewal), not probed now."""
+        return [r for r in self.pending.values() if r.transfer.sent_at and not r.transfer.probing
+                and now > (r.transfer.renewed_at or r.transfer.sent_at) + self.deadline_s(r)]
+
+    def renew(self, req: Req, predicted_s: float, now: float) -> None:
+        """The prefill side still has ``req``: its deadline runs again from ``now``."""
+        req.transfer.predicted_s, req.transfer.renewed_at = predicted_s, now
+        self.renewals += 1
 
     def deadline_s(self, req: Req) -> float:
         """Seconds this side waits for ``req``'s transfer: three times the prediction

@@ -22,10 +22,12 @@ from opentelemetry import context as otel_context, trace
 from libs.protocol import Bus, ServiceError, Subjects
 from libs.protocol.messages import (
     AbortRequest, ErrorInfo, KVDrop, KVReady, KVSend, KVSendReply, PrefillAck, PrefillRequest,
+    PrefillStatus, PrefillStatusReply,
 )
 
 from .core import SchedulerCore
 from .disagg import prefill_sampling
+from .disagg_probe import PROBE_TIMEOUT_S, prefill_status, probe
 from .driver import StepDriver
 from .request import Handoff, Req, Transfer
 
@@ -98,11 +100,21 @@ class DisaggLink:
 
     def _expire(self) -> None:
         for req in self.core.decode.expired(time.monotonic()):
-            log.warning("transfer for %s from %s missed its deadline: prefilling here",
-                        req.rid, req.transfer.prefill_worker)
-            self._end_span(req.transfer.transfer_id, None, "deadline")
-            self.core.decode.fall_back(req, "deadline")
-            self.driver.wake()
+            req.transfer.probing = True  # NOTE: now, not when the task starts: one probe each
+            self._spawn(self._probe(req))
+
+    async def _probe(self, req: Req) -> None:
+        """Past its deadline: renew it if the prefill worker still has it, else prefill here."""
+        t = req.transfer
+        subject = self.subjects.sched_prefill_status(t.prefill_worker)
+        if await probe(self.core.decode, req, lambda m: self.bus.request(
+                subject, m, PrefillStatusReply, PROBE_TIMEOUT_S)):
+            return
+        log.warning("transfer for %s from %s missed its deadline: prefilling here", req.rid, t.prefill_worker)
+        self._end_span(t.transfer_id, None, "deadline")
+        self.core.decode.fall_back(req, "deadline")
+        self.driver.wake()
+        self.pump()
 
     def _end_span(self, tid: str, msg: KVReady | None, failure: str = "") -> None:
         span = self._spans.pop(tid, None)
@@ -137,6 +149,10 @@ class DisaggLink:
         rate = self.driver.rates.prefill_tps or DEFAULT_PREFILL_TPS
         return PrefillAck(queue_position=position, session=self.session,
                           predicted_s=self.core.queued_prefill_tokens() / rate)
+
+    async def on_prefill_status(self, msg: PrefillStatus) -> PrefillStatusReply:
+        rate = self.driver.rates.prefill_tps or DEFAULT_PREFILL_TPS
+        return prefill_status(self.core, msg.transfer_id, rate)
 
     async def _send_kv(self, req: Req) -> None:
         h, book = req.handoff, self.core.prefill

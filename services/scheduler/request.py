@@ -69,6 +69,8 @@ class Transfer:
     predicted_s: float  # the router's predicted prefill seconds there
     skip: int = 0
     sent_at: float = 0.0  # PrefillRequest sent (monotonic); 0: still preallocating
+    renewed_at: float = 0.0  # the deadline was renewed then (the peer still had it); 0: never
+    probing: bool = False  # a PrefillStatus is in flight: one at a time
 
 
 @dataclass(eq=False)

@@ -14,7 +14,7 @@ from opentelemetry import trace
 from libs.protocol import Bus, ServiceError, Subjects, errors
 from libs.protocol.messages import (
     AbortRequest, ErrorInfo, FetchPages, FetchReply, FlushReply, FlushRequest, KVReady, KVSnapshot, LeaseRenew, LoadReport,
-    PrefillRequest, PrepareRegex, SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply,
+    PrefillRequest, PrefillStatus, PrepareRegex, SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply,
     SubmitRequest, WorkerInfo,
 )
 
@@ -64,6 +64,7 @@ class WorkerSession:
             await self.bus.subscribe(s.sched_flush(w), self._on_flush, FlushRequest),
             await self.bus.subscribe(s.sched_snapshot(w), self._on_snapshot, SnapshotRequest),
             await self.bus.subscribe(s.sched_prefill(w), self.link.on_prefill, PrefillRequest),
+            await self.bus.subscribe(s.sched_prefill_status(w), self.link.on_prefill_status, PrefillStatus),
             await self.bus.subscribe(s.sched_kv_ready(w), self.link.on_ready, KVReady),
         ]
         self._tasks = [

@@ -122,3 +122,54 @@ async def test_a_decode_worker_prefills_short_prompts_itself(nats_server, subjec
     finally:
         session.link.close()
         await bus.close()
+
+
+async def _until(cond, tries=500):
+    for _ in range(tries):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met")
+
+
+async def test_an_overdue_transfer_asks_the_prefill_worker_before_prefilling_itself(nats_server, subject_prefix):
+    """Through the broker: the decode session probes (PrefillStatus) a transfer past its
+    deadline; the prefill session, which still queues it, answers and the deadline is
+    renewed; once the prefill side no longer knows it, the decode side prefills itself."""
+    from libs.protocol.messages import PrefillRequest, PrefillStatus
+
+    bus = await Bus.connect(nats_server.url, "test-session")
+    subjects = Subjects(subject_prefix)
+
+    def info(w, role):
+        return WorkerInfo(worker_id=w, model="m", kv_slots=512, max_requests=4, max_model_len=512,
+                          vocab_size=1000, eos_token_ids=[2], dtype="float32", role=role, kv_layout="L")
+
+    # the prefill session's handlers only (not started: it never steps, the request stays queued)
+    p = WorkerSession(bus, subjects, "s2", info("p1", "prefill"), CoreConfig(), lease_s=5.0, forward_timeout=5.0)
+    await bus.subscribe(subjects.sched_prefill("p1"), p.link.on_prefill, PrefillRequest)
+    await bus.subscribe(subjects.sched_prefill_status("p1"), p.link.on_prefill_status, PrefillStatus)
+    d = WorkerSession(bus, subjects, "s1", info("d1", "decode"), CoreConfig(remote_prefill_min_tokens=50),
+                      lease_s=5.0, forward_timeout=5.0)
+    book = d.driver.core.decode
+    try:
+        await d._on_submit(SubmitRequest(rid="long", input_ids=list(range(10, 130)), detok_instance="t",
+                                         sampling=SamplingParams(max_new_tokens=4), prefill_worker="p1"))
+        await _until(lambda: len(p.driver.core.waiting) == 1)
+        (req,) = book.pending.values()
+        req.transfer.sent_at = 1.0  # long ago: past its deadline
+        d.link._expire()
+        await _until(lambda: book.renewals == 1 and not req.transfer.probing)
+        assert list(book.pending.values()) == [req] and not book.failures
+        assert req.transfer.predicted_s == pytest.approx(120 / 500.0)  # 120 tokens at the default rate
+        p.driver.abort(req.transfer.transfer_id, "abort")  # the prefill side forgets it
+        req.transfer.renewed_at = 1.0
+        d.link._expire()
+        await _until(lambda: not book.pending)
+        assert book.failures == {"deadline": 1} and book.renewals == 1
+        assert [r.rid for r in d.driver.core.waiting] == ["long"]  # prefilled here
+        assert d.driver.core.stats().kv_transfer_renewals == 1
+    finally:
+        d.link.close()
+        p.link.close()
+        await bus.close()
