@@ -6,7 +6,8 @@ residual add), SiLU-mul and RoPE, the v1 decode kept as the benchmarks' baseline
 the cached build from a folder keyed by the kernels' sources and headers, their
 flags, the CPU's feature flags (the build targets ``-march=native``) and the torch
 version under ``$RADIXMESH_EXT_DIR`` (default ``~/.cache/radixmesh/torch_extensions``),
-so checkouts and venvs sharing a machine never rebuild each other's kernel. Without a compiler the ``cpu`` backend is simply
+so checkouts and venvs sharing a machine never rebuild each other's kernel (the build
+reads a copy of the sources in that folder: checkouts with the same sources share it). Without a compiler the ``cpu`` backend is simply
 unavailable and the worker falls back to ``torch``.
 """
 
@@ -16,6 +17,7 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from types import ModuleType
@@ -36,12 +38,31 @@ def build_key() -> str:
     """``<source + flags hash>-torch<version>``: what the built module depends on."""
     import torch
 
-    digest = hashlib.sha256()
-    for path in sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h")):
+    digest = hashlib.sha256(b"built from src/")  # NOTE: not the folders of checkouts that built from theirs
+    for path in _source_files():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(" ".join(FLAGS + LDFLAGS).encode())  # NOTE: tuples: torch's load appends to the lists it is given
     digest.update(_cpu_flags().encode())
     return f"{digest.hexdigest()[:12]}-torch{torch.__version__.replace('+', '_')}"
+
+
+def _source_files() -> list[Path]:
+    return sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
+
+
+def copy_sources(directory: Path) -> list[str]:
+    """The sources to build, copied into ``directory/src`` (each file once: the folder's key is
+    their content). torch's ninja file names sources by absolute path, so two checkouts with
+    the same sources, built from where they are, would rebuild each other's module in turn."""
+    src = directory / "src"
+    src.mkdir(exist_ok=True)
+    for path in _source_files():
+        target = src / path.name
+        if not target.exists():
+            partial = src / f".{path.name}.{os.getpid()}"
+            shutil.copyfile(path, partial)
+            os.replace(partial, target)  # NOTE: atomic: a concurrent build sees the whole file or none
+    return [str(src / name) for name in SOURCES]
 
 
 def _cpu_flags() -> str:
@@ -105,13 +126,14 @@ def clear_stale_lock(directory: Path, now: float | None = None) -> bool:
 def _build() -> ModuleType | BackendNotAvailable:
     from torch.utils import cpp_extension
 
-    clear_stale_lock(build_dir())
+    directory = build_dir()
+    clear_stale_lock(directory)
     try:
         log.info("loading the C++ CPU attention kernel (compiled on first use)")
         return cpp_extension.load(
-            name="radixmesh_cpu_kernels", sources=[str(CSRC / name) for name in SOURCES],
+            name="radixmesh_cpu_kernels", sources=copy_sources(directory),
             extra_cflags=list(FLAGS), extra_ldflags=list(LDFLAGS),
-            build_directory=str(build_dir()), verbose=False,
+            build_directory=str(directory), verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build
         log.warning("the C++ CPU kernel could not be built: %s", exc)

@@ -35,7 +35,8 @@ from .model_runner import ModelRunner, RunnerConfig
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 
 
-def bench_decode(runner: ModelRunner, batch: int, context: int, steps: int, warmup: int = 3) -> float:
+def bench_decode(runner: ModelRunner, batch: int, context: int, steps: int, warmup: int = 3,
+                 clock=time.perf_counter) -> float:
     """Seconds per decode step at ``batch`` requests of ``context`` cached tokens."""
     rows = list(range(batch))
     slots = torch.arange(batch * (context + steps + warmup)).view(batch, -1)
@@ -44,25 +45,25 @@ def bench_decode(runner: ModelRunner, batch: int, context: int, steps: int, warm
     tokens = [1] * batch
     for i in range(warmup + steps):
         if i == warmup:
-            start = time.perf_counter()
+            start = clock()
         length = context + i
         tokens = runner.execute(ForwardBatch(
             step=i, new_rows=new_rows if i == 0 else [], rows=rows, prefix_lens=[length] * batch,
             extend_lens=[1] * batch, input_ids=tokens, out_slots=slots[:, length].tolist(),
         ))
-    return (time.perf_counter() - start) / steps
+    return (clock() - start) / steps
 
 
-def bench_prefill(runner: ModelRunner, tokens: int, repeat: int = 2) -> float:
+def bench_prefill(runner: ModelRunner, tokens: int, repeat: int = 2, clock=time.perf_counter) -> float:
     """Seconds per prefill of one ``tokens``-token chunk (no cached prefix), after one untimed."""
     batch = ForwardBatch(step=0, new_rows=[NewRow(row=0, temperature=0.0, top_p=1.0, top_k=-1, seed=0)], rows=[0],
                          prefix_lens=[0], extend_lens=[tokens], input_ids=[(i * 7919) % runner.vocab_size for i in range(tokens)],
                          out_slots=list(range(tokens)))
     runner.execute(batch)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(repeat):
         runner.execute(batch)
-    return (time.perf_counter() - start) / repeat
+    return (clock() - start) / repeat
 
 
 KNOBS = ("torch-ops", "fp32-attn")
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
     p.add_argument("--prefill", type=int, default=0, help="also time one prefill chunk of this many tokens")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: the thread's CPU time, blind to time spent descheduled on a shared machine "
+                        "(one-thread systems only)")
     args = p.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     if args.systems:
@@ -117,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         systems = [(d, m, int(t), "auto", frozenset()) for t in args.threads.split(",") for d in SHORT
                    for m in ("eager", "compiled")]
+    if args.clock == "cpu" and any(s[2] != 1 for s in systems):
+        p.error("--clock cpu times one thread: every system must run one")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     kv_slots = max(max(batches) * (args.context + args.steps + 3), args.prefill)
     runners: dict[tuple[str, str, str, frozenset], ModelRunner] = {}
     for key in dict.fromkeys(_key(s) for s in systems):
@@ -136,8 +143,8 @@ def main(argv: list[str] | None = None) -> None:
             for s in systems:
                 torch.set_num_threads(s[2])
                 runner = runners[_key(s)]
-                tps = (args.prefill / bench_prefill(runner, args.prefill) if isinstance(b, str)
-                       else b / bench_decode(runner, b, args.context, args.steps))
+                tps = (args.prefill / bench_prefill(runner, args.prefill, clock=clock) if isinstance(b, str)
+                       else b / bench_decode(runner, b, args.context, args.steps, clock=clock))
                 samples[s, b].append(tps)
             print(f"round {i + 1}/{args.rounds}: {b} done", flush=True)
     print_table({k: statistics.median(v) for k, v in samples.items()}, systems, rows, args)
@@ -146,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def print_table(tps: dict[tuple, float], systems: list, batches: list, args) -> None:
     print(f"\ndecode tokens/s (batch rows), {args.context}-token contexts, {args.steps} steps; prefill tokens/s "
-          f"(prefill row); median of {args.rounds} interleaved rounds")
+          f"(prefill row); median of {args.rounds} interleaved rounds; {args.clock} clock")
     same = lambda a, b, *fields: all(a[f] == b[f] for f in fields)  # noqa: E731
     ratios = [(c, e) for c in systems for e in systems
               if (c[1], e[1]) in (("compiled", "eager"), ("eager", "plain")) and same(c, e, 0, 2, 3, 4)]

@@ -37,6 +37,27 @@ def test_loading_leaves_the_key_as_it_was():
     assert cpu_ext.build_key() == before
 
 
+def test_the_build_reads_copies_in_its_folder_so_checkouts_share_it(tmp_path, monkeypatch):
+    """Two checkouts with the same sources: one folder, one set of source paths (torch's
+    ninja file names them; paths that differ would rebuild the module at every switch)."""
+    monkeypatch.setenv("RADIXMESH_EXT_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(cpu_ext, "SOURCES", ["kernel.cpp"])
+    folders, sources = [], []
+    for checkout in ("a", "b"):
+        csrc = tmp_path / checkout / "csrc"
+        csrc.mkdir(parents=True)
+        (csrc / "kernel.cpp").write_text('#include "vec.h"\nint f() { return 1; }\n')
+        (csrc / "vec.h").write_text("#pragma once\n")
+        monkeypatch.setattr(cpu_ext, "CSRC", csrc)
+        folders.append(cpu_ext.build_dir())
+        sources.append(cpu_ext.copy_sources(folders[-1]))
+    assert folders[0] == folders[1] and sources[0] == sources[1] == [str(folders[0] / "src" / "kernel.cpp")]
+    assert (folders[0] / "src" / "vec.h").read_text() == "#pragma once\n"  # headers beside their sources
+    before = (folders[0] / "src" / "kernel.cpp").stat().st_mtime_ns
+    cpu_ext.copy_sources(folders[0])
+    assert (folders[0] / "src" / "kernel.cpp").stat().st_mtime_ns == before  # not rewritten: ninja sees no change
+
+
 def test_the_sources_it_builds_exist():
     assert all((cpu_ext.CSRC / name).is_file() for name in cpu_ext.SOURCES)
 
