@@ -4,6 +4,25 @@ from radixmesh.bench.systems import BenchError, HOST_TIER_RATIO, RunResult, pd_s
 from radixmesh.bench.transfers import Transfers
 
 
+def recording_stack(configs: list) -> type:
+    """A LocalStack stand-in that records the configs it is started with (the plan is
+    under test here, not the stack)."""
+
+    class FakeStack:
+        url, nats_url = "http://127.0.0.1:1", "nats://127.0.0.1:1"
+
+        def __init__(self, config, progress):
+            configs.append(config)
+
+        def start(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    return FakeStack
+
+
 def test_host_tier_system_starts_its_own_stack_with_a_host_pool():
     plan = plan_systems(["radixmesh", "radixmesh-host-tier"], url=None)
     tiered = plan.systems[1]
@@ -22,17 +41,7 @@ def test_store_tier_system_adds_the_store_and_warms_it_before_the_run(monkeypatc
     assert (tier.host_ratio, tier.store) == (HOST_TIER_RATIO, True) and "restarted empty" in plan.notes[0]
     configs, calls = [], []
 
-    class FakeStack:
-        url, nats_url = "http://127.0.0.1:1", "nats://127.0.0.1:1"
-
-        def __init__(self, config, progress):
-            configs.append(config)
-
-        def start(self, timeout):
-            pass
-
-        def stop(self):
-            pass
+    FakeStack = recording_stack(configs)
 
     async def fake_bench(url, system, counters, prepare, workload, **kw):
         await prepare("the stream")
@@ -79,17 +88,7 @@ def test_run_stack_starts_the_pd_layout_and_reads_its_transfers(monkeypatch, tmp
 
     configs = []
 
-    class FakeStack:
-        url, nats_url = "http://127.0.0.1:1", "nats://127.0.0.1:1"
-
-        def __init__(self, config, progress):
-            configs.append(config)
-
-        def start(self, timeout):
-            pass
-
-        def stop(self):
-            pass
+    FakeStack = recording_stack(configs)
 
     async def fake_bench(url, system, counters, **kw):
         return RunResult([], 1.5, 0.0, await counters())
