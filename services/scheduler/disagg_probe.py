@@ -21,7 +21,6 @@ from libs.protocol import ServiceError
 from libs.protocol.messages import PrefillStatus, PrefillStatusReply
 
 from .disagg import DecodeBook
-from .planner import QUEUE_PEEK
 from .request import Req
 
 if TYPE_CHECKING:
@@ -42,14 +41,12 @@ def prefill_status(core: SchedulerCore, tid: str, prefill_tps: float) -> Prefill
     counts them: unfinished prefills first, then the queue in order) over ``prefill_tps``."""
     if any(_is(r, tid) for r in (*core.prefill.sampled, *core.prefill.sending)):
         return PrefillStatusReply(state="sending")
-    prefilling = [r for r in core.running if not r.decoding]
-    ahead = sum(r.fill_len - r.kv_len for r in prefilling)
-    if any(_is(r, tid) for r in prefilling):
-        return PrefillStatusReply(state="running", predicted_s=ahead / prefill_tps)
-    for i, r in enumerate(core.waiting):
-        ahead += r.fill_len - (core.cache.reusable_len(r) if i < QUEUE_PEEK else 0)
+    ahead = 0
+    for r, tokens in core.planner.prefill_backlog():
+        ahead += tokens
         if _is(r, tid):
-            return PrefillStatusReply(state="queued", predicted_s=ahead / prefill_tps)
+            state = "queued" if r in core.waiting else "running"
+            return PrefillStatusReply(state=state, predicted_s=ahead / prefill_tps)
     return PrefillStatusReply(state="unknown")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from typing import Iterator
 
 from .allocator import RowAllocator
 from .cache import KVCache
@@ -94,9 +95,17 @@ class Planner:
         the rest of each unfinished prefill. The router divides it by the prefill
         rate: counting cached prefixes would make a worker that holds a document
         look busiest exactly when requests for that document queue on it."""
-        waiting = sum(r.fill_len - (self.cache.reusable_len(r) if i < QUEUE_PEEK else 0)
-                      for i, r in enumerate(self.waiting))
-        return waiting + sum(r.fill_len - r.kv_len for r in self.running if not r.decoding)
+        return sum(tokens for _, tokens in self.prefill_backlog())
+
+    def prefill_backlog(self) -> Iterator[tuple[Req, int]]:
+        """Each request with prompt tokens still to compute and how many, in the order
+        they will be: unfinished prefills first, then the queue (counted as
+        ``queued_prefill_tokens`` says)."""
+        for r in self.running:
+            if not r.decoding:
+                yield r, r.fill_len - r.kv_len
+        for i, r in enumerate(self.waiting):
+            yield r, r.fill_len - (self.cache.reusable_len(r) if i < QUEUE_PEEK else 0)
 
     # -- internals ---------------------------------------------------------------
 
