@@ -87,7 +87,10 @@ template <typename T>
 void silu_mul_row(const T* gate, const T* up, T* out, int64_t I) {
   for (int64_t i = 0; i < I; ++i) {
     const float g = rmk::to_f(gate[i]);
-    out[i] = round_t<T>(rmk::to_f(round_t<T>(g / (1.0f + std::exp(-g)))) * rmk::to_f(up[i]));
+    // NOTE: e^-g clamped finite: -ffast-math's vector divide is a reciprocal estimate and a
+    // Newton step, NaN at g / inf (g < -88); the clamp changes no float result (g / 1.6e38)
+    const float e = std::exp(std::min(-g, 88.0f));
+    out[i] = round_t<T>(rmk::to_f(round_t<T>(g / (1.0f + e))) * rmk::to_f(up[i]));
   }
 }
 #endif

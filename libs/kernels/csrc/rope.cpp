@@ -39,6 +39,10 @@ void rope_token(T* x, const float* cos, const float* sin, int64_t heads, int64_t
   }
 }
 #else
+// NOTE: no fused multiply-adds here (where FMA exists, -ffast-math would contract x1 * c - b
+// into one rounding): torch rounds each product, and so must this
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 template <typename T>
 void rope_token(T* x, const float* cos, const float* sin, int64_t heads, int64_t D) {
   const int64_t half = D / 2;
@@ -54,6 +58,7 @@ void rope_token(T* x, const float* cos, const float* sin, int64_t heads, int64_t
     }
   }
 }
+#pragma GCC pop_options
 #endif
 
 }  // namespace
