@@ -3,6 +3,7 @@
     radixmesh bench --workload handbook            # starts its own stacks
     radixmesh bench --url http://127.0.0.1:8000    # a running gateway (+ HF baseline)
     radixmesh bench --quick                        # small sizes, < 3 minutes on 2 cores
+    radixmesh bench --systems radixmesh,vllm:openai=http://127.0.0.1:8100  # beside a peer
 
 Writes results.json (every record), table.md, ttft.png and throughput.png into
 ``--output-dir``/<date>-<workload>/ and prints the table.
@@ -50,8 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     load.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     out = p.add_argument_group("systems and output")
     out.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
-                     help=f"comma-separated, from {','.join(SYSTEMS)} and radixmesh-<policy> "
-                          f"for a routing policy in {','.join(ROUTING_POLICIES)}")
+                     help=f"comma-separated, from {','.join(SYSTEMS)}, radixmesh-<policy> "
+                          f"for a routing policy in {','.join(ROUTING_POLICIES)}, and "
+                          "[LABEL:]openai=URL for a running OpenAI-compatible server (a peer: "
+                          "vLLM, SGLang, llama.cpp, another radixmesh), never started or stopped "
+                          "here")
+    out.add_argument("--peer-model", default=None,
+                     help="the model name to ask the peers for (default: the one their "
+                          "/v1/models lists, or the one named like --model's folder)")
     out.add_argument("--hf-requests", type=int, default=None,
                      help="run only the first N requests on hf-generate (it is sequential)")
     out.add_argument("--output-dir", default="bench-results")

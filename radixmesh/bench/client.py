@@ -151,6 +151,7 @@ class StreamClient:
             record.completion_tokens = usage["completion_tokens"]
             details = usage.get("prompt_tokens_details") or {}
             record.cached_tokens = details.get("cached_tokens") or 0
+            record.cached_reported = details.get("cached_tokens") is not None
             _tiers(record, details.get("cached_tokens_details"))
 
 

@@ -38,6 +38,7 @@ class Record:
     worker: str | None = None  # the worker the router chose, when the server tells
     server_ttft_s: float | None = None
     text: str = ""
+    cached_reported: bool = True  # False: the server's usage had no cached_tokens (unknown, not 0)
 
     @property
     def ok(self) -> bool:

@@ -24,6 +24,7 @@ _COLUMNS = (
     ("of it from host", "host_hit_rate", "{:.1%}"),
     ("of it from store", "store_hit_rate", "{:.1%}"),
     ("worker idle", "worker_idle", "{:.1%}"),
+    ("cache at start", "start", "{}"),
 )
 
 

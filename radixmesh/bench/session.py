@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .client import ClientConfig
+from .peer import PeerSpec, blank_radixmesh_columns, check_peer, reset_cache
 from .record import Record, check
 from .pd_mix import STREAM
 from .report import class_table, markdown_table, pd_goals, plot, tier_goals, write_json
@@ -74,6 +75,12 @@ def _run_system(plan: SystemPlan, args, workload: Workload, tok: ChatTokenizer, 
                                          args.seed), progress=bar)
         if plan.kind == "url":
             return asyncio.run(bench_http(args.url, plan.name, **bench))
+        if plan.kind == "peer":
+            client = dataclasses.replace(bench.pop("client"), api="chat", model=plan.peer.model)
+            got = asyncio.run(bench_http(
+                plan.url, plan.name, client=client,
+                prepare=lambda stream: reset_cache(plan.name, stream.http, plan.peer), **bench))
+            return got._replace(worker_idle=math.nan)  # NOTE: a radixmesh figure
         stack = dict(model=args.model, workers=args.workers, dtype=args.dtype,
                      kv_slots=args.kv_slots, threads_per_worker=args.threads)
         return run_stack(plan, stack, out_dir / "logs" / plan.name, args.startup_timeout,
@@ -115,7 +122,44 @@ def _meta(args: argparse.Namespace, workload: Workload, plan: Plan, model_dir: P
                                         "kv_slots": args.kv_slots, "threads": args.threads},
         "url": args.url, "systems": [s.name for s in plan.systems], "notes": plan.notes,
         "layouts": {s.name: s.layout(args.workers) for s in plan.systems if s.kind == "stack"},
+        "peers": {s.name: {"url": s.url, "model": s.peer.model, "start": s.peer.start,
+                           "reset": s.peer.reset} for s in plan.systems if s.kind == "peer"},
+        "ceilings": _ceilings(args, model_dir),
     }
+
+
+def _ceilings(args: argparse.Namespace, model_dir: Path) -> dict:
+    """This machine's matmul and copy ceilings, measured now at the workers' shapes, dtype
+    and threads; {"line": why not} for a model the workers cannot load."""
+    import torch
+
+    from services.gpu_worker import ceilings
+    from services.gpu_worker.config import ModelConfig
+
+    try:
+        config = ModelConfig.from_dir(model_dir)
+    except (ValueError, OSError, KeyError) as exc:
+        return {"line": f"ceilings not measured: {exc}"}
+    got = ceilings.measure(config, getattr(torch, args.dtype), args.threads or os.cpu_count() or 1)
+    return {**dataclasses.asdict(got), "line": got.line()}
+
+
+def _check_peers(plan: Plan, args: argparse.Namespace, tok: ChatTokenizer, model_dir: Path) -> None:
+    """Every peer reachable and serving the workload's model, now: before any system runs."""
+    async def check(system: SystemPlan) -> SystemPlan:
+        info = await check_peer(PeerSpec(system.name, system.url), tok, model_dir.name, args.peer_model, args.timeout)
+        if info.note:
+            plan.notes.append(f"{system.name}: {info.note}")
+        return dataclasses.replace(system, peer=info)
+
+    async def all_of() -> list[SystemPlan]:
+        return [await check(s) if s.kind == "peer" else s for s in plan.systems]
+
+    if any(s.kind == "peer" for s in plan.systems):
+        plan.systems = asyncio.run(all_of())
+        if args.api != "chat" and any(s.kind != "peer" for s in plan.systems):
+            plan.notes.append("the peers ran on /v1/chat/completions (gaps per chunk), radixmesh "
+                              f"on --api {args.api}: --api chat puts both on the same API")
 
 
 def _read(path: str) -> str:
@@ -138,6 +182,7 @@ def run_session(args: argparse.Namespace) -> int:
                         args.workers)
     if not plan.systems:
         raise BenchError("no system to run: " + "; ".join(plan.notes))
+    _check_peers(plan, args, tok, model_dir)
     if args.hf_requests and args.hf_requests < len(workload.requests) and any(
             s.kind == "hf" for s in plan.systems):
         plan.notes.append(f"hf-generate ran only the first {args.hf_requests} of "
@@ -162,8 +207,8 @@ def run_session(args: argparse.Namespace) -> int:
             meta.setdefault("not_run", []).append(system.name)
             continue
         records += got.records
-        summaries.append(summarize(system.name, got.records, got.duration_s,
-                                   worker_idle=got.worker_idle))
+        summary = summarize(system.name, got.records, got.duration_s, worker_idle=got.worker_idle)
+        summaries.append(_started(system, summary))
         classes += summarize_by_kind(system.name, got.records, got.duration_s)
         if system.kind == "stack":
             transfers.append((system.name, system.layout(args.workers), got.transfers))
@@ -173,6 +218,14 @@ def run_session(args: argparse.Namespace) -> int:
     meta["transfers"] = {name: t and dataclasses.asdict(t) for name, _, t in transfers}
     extra = _extra_tables(plan, summaries, classes, transfers, workload.info.get("root_ideal_hit_rate", 0.0))
     return _finish(args, out_dir, meta, summaries, records, problems, classes, extra)
+
+
+def _started(system: SystemPlan, summary: Summary) -> Summary:
+    """``summary`` with the prefix cache at its start (a stack of the harness's starts cold,
+    a gateway at --url warm) and, for a peer, the radixmesh-only figures unknown."""
+    if system.kind == "peer":
+        return dataclasses.replace(blank_radixmesh_columns(summary), start=system.peer.start)
+    return dataclasses.replace(summary, start={"stack": "cold", "url": "warm"}.get(system.kind, "-"))
 
 
 def _extra_tables(plan: Plan, summaries: list[Summary], classes: list[tuple[str, Summary]],
@@ -195,7 +248,8 @@ def _finish(args, out_dir: Path, meta: dict, summaries: list[Summary], records: 
     header = (f"workload {meta['workload']['name']}{' (quick)' if args.quick else ''}: "
               f"{info['requests']} requests, seed {args.seed}, rate {args.request_rate} req/s, "
               f"max concurrency {args.max_concurrency or 'unbounded'}, api {args.api}, "
-              f"{meta['machine']['cores']} cores ({meta['machine']['cpu']}), {meta['date']}")
+              f"{meta['machine']['cores']} cores ({meta['machine']['cpu']}), {meta['date']}\n"
+              f"{meta['ceilings']['line']}")
     table = markdown_table(summaries) + (f"\n\n{extra}" if extra else "")
     (out_dir / "table.md").write_text(f"{meta['command']}\n\n{header}\n\n{table}\n")
     write_json(out_dir / "results.json", meta, summaries, records, classes)

@@ -44,6 +44,7 @@ class Summary:
     store_hit_rate: float = 0.0  # of the prompt tokens: fetched from the shared store (L3)
     worker_idle: float = math.nan  # share of the run the workers waited between steps
     tpot_p99_ms: float = math.nan
+    start: str = "-"  # the prefix cache when timing started: "cold" (empty), "warm", "-" (none)
 
 
 def summarize(system: str, records: list[Record], duration_s: float,
@@ -70,7 +71,7 @@ def summarize(system: str, records: list[Record], duration_s: float,
         itl_p50_ms=ms(itl, 50), itl_p99_ms=ms(itl, 99),
         e2e_p50_ms=ms(e2e, 50), e2e_p90_ms=ms(e2e, 90),
         prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
-        cache_hit_rate=cached / prompt if prompt else math.nan,
+        cache_hit_rate=cached / prompt if prompt and any(r.cached_reported for r in ok) else math.nan,
         host_hit_rate=from_host / prompt if prompt else math.nan,
         store_hit_rate=from_store / prompt if prompt else math.nan, worker_idle=worker_idle,
         tpot_p99_ms=ms(tpot, 99),

@@ -18,7 +18,9 @@
 - ``radixmesh-pd-<P>p<D>d``: a stack of ``P`` prefill and ``D`` decode workers
   whatever ``--workers`` says (e.g. ``radixmesh-pd-2p1d``: more prefill capacity);
 - ``radixmesh-<policy>``: a stack whose cache index routes with ``<policy>``
-  (``cache_aware``, ``round_robin``, ``least_load``, ``random``, ``prefix_hash``).
+  (``cache_aware``, ``round_robin``, ``least_load``, ``random``, ``prefix_hash``);
+- ``openai=<URL>`` (``<label>:openai=<URL>``): a peer, any OpenAI-compatible server
+  already running there (vLLM, SGLang, llama.cpp, another radixmesh): peer.py.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import httpx
 
 from . import worker_time
 from .client import ClientConfig, StreamClient
+from .errors import BenchError
+from .peer import PeerInfo, parse_peer
 from .record import Record
 from .runner import Load, Progress, run_workload
 from .tokens import ChatTokenizer
@@ -56,19 +60,17 @@ PD_COUNTS = re.compile(r"radixmesh-pd-(\d+)p(\d+)d")  # radixmesh-pd-<P>p<D>d
 _REPO = Path(__file__).resolve().parents[2]
 
 
-class BenchError(RuntimeError):
-    pass
-
-
 @dataclass(frozen=True)
 class SystemPlan:
     name: str
-    kind: str  # "url" | "stack" | "hf"
+    kind: str  # "url" | "stack" | "hf" | "peer"
     scheduler_flags: tuple[str, ...] = ()
     index_flags: tuple[str, ...] = ()
     host_ratio: int = 0  # workers get a host KV pool of this many times their device pool
     store: bool = False  # and the shared store, warm, with the workers restarted empty
     stack: tuple[tuple[str, int], ...] = ()  # StackConfig fields over the run's (worker roles)
+    url: str = ""  # a peer's base URL
+    peer: PeerInfo | None = None  # what check_peer found (before the run)
 
     def layout(self, workers: int) -> str:
         """The worker processes it runs, e.g. "2 colocated", "1 prefill + 1 decode"."""
@@ -130,12 +132,16 @@ def _plan_pd(plan: Plan, url: str | None, workers: int) -> None:
 def plan_systems(wanted: list[str], url: str | None, workers: int = 1) -> Plan:
     plan = Plan()
     routed = {f"radixmesh-{p}": p for p in ROUTING_POLICIES}
-    unknown = sorted(set(wanted) - set(SYSTEMS) - set(routed) - set(filter(_pd_counts, wanted)))
+    peers = _peers(wanted, (*SYSTEMS, *routed))
+    unknown = sorted(set(wanted) - set(SYSTEMS) - set(routed) - set(filter(_pd_counts, wanted))
+                     - set(peers))
     if unknown:
         raise BenchError(f"unknown system(s) {unknown}; choose from "
-                         f"{[*SYSTEMS, *routed, 'radixmesh-pd-<P>p<D>d (P, D >= 1)']}")
+                         f"{[*SYSTEMS, *routed, 'radixmesh-pd-<P>p<D>d (P, D >= 1)', '[LABEL:]openai=URL']}")
     for name in wanted:
-        if _pd_counts(name):
+        if name in peers:
+            plan.systems.append(SystemPlan(peers[name].label, "peer", url=peers[name].url))
+        elif _pd_counts(name):
             if url:
                 plan.notes.append(f"{name} skipped: it needs a stack started by the harness")
             else:
@@ -173,6 +179,17 @@ def plan_systems(wanted: list[str], url: str | None, workers: int = 1) -> Plan:
         else:
             plan.systems.append(SystemPlan(name, "hf"))
     return plan
+
+
+def _peers(wanted: list[str], taken: tuple[str, ...]) -> dict:
+    """The peers among ``wanted`` (system text -> PeerSpec), their labels distinct."""
+    peers = {name: spec for name in wanted if (spec := parse_peer(name, taken))}
+    labels = [spec.label for spec in peers.values()]
+    twice = sorted({x for x in labels if labels.count(x) > 1 or _pd_counts(x)})
+    if twice or len(peers) < sum(1 for name in wanted if name in peers):
+        raise BenchError(f"peer label(s) {twice or labels} used twice or taken: give each "
+                         "peer its own LABEL:openai=URL")
+    return peers
 
 
 async def served_model(http: httpx.AsyncClient) -> str:

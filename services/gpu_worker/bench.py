@@ -30,6 +30,7 @@ from libs.kernels import ops as torch_ops
 from libs.models import resolve_model
 from libs.protocol.messages import ForwardBatch, NewRow
 
+from . import ceilings
 from .model_runner import ModelRunner, RunnerConfig
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
@@ -171,49 +172,25 @@ def print_table(tps: dict[tuple, float], systems: list, batches: list, args) -> 
         print(f"| {b} | " + " | ".join(cells) + " |")
 
 
-def _rate(fn, work: float, repeat: int = 5) -> float:
-    """``work`` per second of ``fn``, the best of ``repeat`` (a ceiling: the least disturbed run)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return work / best
-
-
 def print_ceilings(threads: list[int], runners: dict) -> None:
-    """What this machine allows, measured now: a decode-batch-64-shaped matmul, a copy."""
-    from .weights import can_pack, linear, pack
-
-    x32, w32 = torch.randn(64, 576), torch.randn(1536, 576)
-    x16, w16 = x32.bfloat16(), w32.bfloat16()
-    flop = 2 * 64 * 576 * 1536
-    src = torch.empty(64 * 2**20, dtype=torch.float32)  # 256 MB
-    dst = torch.empty_like(src)
-    weights = {key[0]: _weight_bytes(r) for key, r in runners.items()}
-    print("\nceilings measured in this run (best of 5)")
-    print("| threads | matmul 64x576 @ 576x1536 fp32 | bf16 | bf16 packed | copy (read + write) |"
+    """What this machine allows, measured now (ceilings.py): a decode-batch matmul at the
+    model's gate/up shape, a copy."""
+    config = next(iter(runners.values())).model.config
+    k, n = ceilings.mlp_shape(config)
+    dtypes = {key[0] for key in runners}
+    print(f"\nceilings measured in this run (best of {ceilings.REPEAT})")
+    print(f"| threads | matmul {ceilings.BATCH}x{k} @ {k}x{n} fp32 | bf16 | bf16 packed | copy (read + write) |"
           " batch-1 decode at that copy rate: fp32 / bf16 |")
     print("|---|---|---|---|---|---|")
     for t in threads:
         torch.set_num_threads(t)
-        mm32 = _rate(lambda: [torch.nn.functional.linear(x32, w32) for _ in range(20)], 20 * flop) / 1e9
-        mm16 = _rate(lambda: [torch.nn.functional.linear(x16, w16) for _ in range(20)], 20 * flop) / 1e9
-        packed = pack(w16) if can_pack(torch.bfloat16, torch.device("cpu")) else None
-        mmp = _rate(lambda: [linear(x16, packed) for _ in range(20)], 20 * flop) / 1e9 if packed else float("nan")
-        copy = _rate(lambda: dst.copy_(src), 2 * src.numel() * 4) / 1e9
-        steps = " / ".join(f"{copy / 2 * 1e9 / weights[d]:.0f}" if d in weights else "-" for d in SHORT)
+        mm32 = ceilings.matmul_gflops(k, n, torch.float32)
+        mm16 = ceilings.matmul_gflops(k, n, torch.bfloat16)
+        mmp = ceilings.matmul_gflops(k, n, torch.bfloat16, packed=True)
+        copy = ceilings.copy_gbs()
+        steps = " / ".join(f"{ceilings.decode_bound(copy, config, getattr(torch, d)):.0f}" if d in dtypes else "-"
+                           for d in SHORT)
         print(f"| {t} | {mm32:.0f} GFLOP/s | {mm16:.0f} GFLOP/s | {mmp:.0f} GFLOP/s | {copy:.1f} GB/s | {steps} steps/s |")
-
-
-def _weight_bytes(runner: ModelRunner) -> int:
-    """Bytes of weights a decode step reads (every linear and the LM head)."""
-    c = runner.model.config
-    per_layer = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim * c.hidden_size + c.num_heads * c.head_dim * c.hidden_size
-    per_layer += 3 * c.intermediate_size * c.hidden_size
-    params = c.num_layers * per_layer + c.vocab_size * c.hidden_size
-    return params * torch.empty(0, dtype=runner.model.dtype).element_size()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ def test_pd_run_writes_class_and_transfer_tables_and_survives_a_failed_system(
     assert "| radixmesh-pd | stream | 2/0 |" in table and "| radixmesh | document | 2/0 |" in table
     assert "| radixmesh-pd | 1 prefill + 1 decode | 4/4 | 10.0 | 2.5 | 250 | 0 |" in table
     assert "stream TPOT p99 1.00x (goal <= 0.5x: not met)" in table
+    assert "| 0.0% | cold |" in table  # a stack of the harness's starts with an empty cache
+    assert "ceilings (measured in this run, 1 threads" in table
     body = json.loads((run_dir / "results.json").read_text())
     meta = body["meta"]
     assert meta["not_run"] == ["radixmesh-no-overlap"]
