@@ -145,8 +145,8 @@ class MooncakeStore(PageStore):
 
     async def _call(self, fn: Callable, *args, timeout_s: float | None = None):
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        work = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         try:
+            work = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
             return await asyncio.wait_for(work, timeout_s)
         except TimeoutError:  # NOTE: the thread goes on until the client gives up; its buffer is its own
             raise StoreUnavailable(f"Mooncake master at {self.config.master}: no answer within {timeout_s}s") from None
@@ -200,14 +200,12 @@ class MooncakeStore(PageStore):
         return False
 
     async def close(self) -> None:
-        """Unmount this client's segment (its pages leave the store) and stop its threads."""
+        """Unmount this client's segment (its pages leave the store) and stop its threads; with
+        the master gone, leave it (its TTL drops the segment; a later close tries again)."""
         try:
-            if await self._call(self.client.health_check) != 0:  # NOTE: close would wait out the master
-                log.warning("Mooncake master at %s gone: this client's segment is left to its TTL",
-                            self.config.master)
-                return
+            await _probe(self.config.master, self.timeout_s)  # NOTE: close would wait out a gone master
             await self._call(self.client.close, timeout_s=SETUP_TIMEOUT_S)
         except StoreUnavailable as exc:
-            log.warning("closing the Mooncake client: %s", exc)
-        finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            log.warning("Mooncake client not closed (its segment is left to the master's TTL): %s", exc)
+            return
+        self._pool.shutdown(wait=False, cancel_futures=True)
