@@ -153,8 +153,8 @@ async def measure_mooncake(args: argparse.Namespace) -> list[tuple[str, list[flo
     keys = [k for k, _ in items]
     dst = torch.arange(n, 2 * n).view(pages, args.page_tokens)
     with MooncakeMaster() as master:
-        store = await MooncakeStore.open(spec, MooncakeConfig(master=master.address, segment_bytes=8 * n * layout.token_bytes),
-                                         timeout_s=10, in_flight=args.in_flight)
+        config = MooncakeConfig(master=master.address, segment_bytes=max(64 << 20, 4 * n * layout.token_bytes))
+        store = await MooncakeStore.open(spec, config, timeout_s=10, in_flight=args.in_flight)
         try:
             async def get():
                 assert all(v is not None for v in await store.batch_get(keys))
