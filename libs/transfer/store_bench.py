@@ -1,4 +1,5 @@
-"""``python -m libs.transfer.store_bench``: the shared page store (JetStream KV) for one prefix
+"""``python -m libs.transfer.store_bench``: the shared page store (JetStream KV; ``--backend
+mooncake`` or ``both``: Mooncake Store too) for one prefix
 of the default model's layout (SmolLM2-135M: 30 layers, 3 KV heads x 64 dims) in 16-token
 pages: put, exists, get by direct get and by nats-py's default get, and a fetch into a host
 pool; with ``--recompute``, the time the worker's runner takes to compute that prefix instead.
@@ -39,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--storage", default="file", choices=("file", "memory"))
     p.add_argument("--repeat", type=int, default=7, help="timed rounds (best and median reported)")
     p.add_argument("--nats-url", default="", help="a broker with JetStream (default: start one)")
+    p.add_argument("--backend", default="jetstream", choices=("jetstream", "mooncake", "both"),
+                   help="mooncake: Mooncake Store over TCP (its own mooncake_master; the mooncake extra)")
     p.add_argument("--recompute", action="store_true", help="also time the default model prefilling the prefix")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (the worker's default here: one per core less one)")
@@ -134,6 +137,42 @@ async def measure(args: argparse.Namespace, url: str) -> list[tuple[str, list[fl
         await nc.close()
 
 
+async def measure_mooncake(args: argparse.Namespace) -> list[tuple[str, list[float]]]:
+    """The same pages through Mooncake Store: a mooncake_master of its own, one client."""
+    from .mooncake_master import MooncakeMaster
+    from .mooncake_store import MooncakeConfig, MooncakeStore
+
+    layout = KVLayout(args.layers, args.kv_heads, args.head_dim, args.dtype)
+    spec = PageSpec(layout, args.page_tokens)
+    pages = args.tokens // args.page_tokens
+    n = pages * args.page_tokens
+    host = HostKVPool(layout, 2 * n)
+    host.data.normal_()
+    items = list(zip(page_keys("bench", args.dtype, list(range(n)), "", args.page_tokens),
+                     page_values(spec, host.read(torch.arange(n)))))
+    keys = [k for k, _ in items]
+    dst = torch.arange(n, 2 * n).view(pages, args.page_tokens)
+    with MooncakeMaster() as master:
+        config = MooncakeConfig(master=master.address, segment_bytes=max(64 << 20, 4 * n * layout.token_bytes))
+        store = await MooncakeStore.open(spec, config, timeout_s=10, in_flight=args.in_flight)
+        try:
+            async def get():
+                assert all(v is not None for v in await store.batch_get(keys))
+
+            async def fetch():
+                async def write(i, page, bad):
+                    host.write(dst[i], page)
+                await store.get_each(keys, write)
+
+            ops = [("mooncake: put (batch_set, one value per page)", lambda: store.batch_set(items)),
+                   ("mooncake: exists (one batch_is_exist)", lambda: store.batch_exists(keys)),
+                   ("mooncake: get (get_into, batch_get)", get),
+                   ("mooncake: fetch into a host pool (get + check + write)", fetch)]
+            return await _rounds(ops, args.repeat)
+        finally:
+            await store.close()
+
+
 def recompute_times(args: argparse.Namespace, tokens: int) -> list[float]:
     """Seconds the default model's runner takes to prefill ``tokens`` tokens.
     NOTE: imported here, only for this comparison: the library does not need the model."""
@@ -162,8 +201,12 @@ def main(argv: list[str] | None = None) -> None:
     pages = args.tokens // args.page_tokens
     nbytes = pages * args.page_tokens * layout.token_bytes
     with contextlib.ExitStack() as stack:
-        url = args.nats_url or stack.enter_context(jetstream_server())
-        rows = asyncio.run(measure(args, url))
+        rows = []
+        if args.backend != "mooncake":
+            url = args.nats_url or stack.enter_context(jetstream_server())
+            rows += asyncio.run(measure(args, url))
+        if args.backend != "jetstream":
+            rows += asyncio.run(measure_mooncake(args))
     if args.recompute:
         threads = f"{args.threads} thread" + "s" * (args.threads > 1)
         rows.append((f"recompute instead (the model's runner, {threads})", recompute_times(args, pages * args.page_tokens)))
@@ -173,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| operation | best ms | median ms | GB/s (best) |\n|---|---:|---:|---:|")
     for name, times in rows:
         best, median = min(times), statistics.median(times)
-        rate = "-" if name.startswith(("recompute", "exists")) else f"{nbytes / best / 1e9:.2f}"  # no bytes moved
+        rate = "-" if "recompute" in name or "exists" in name else f"{nbytes / best / 1e9:.2f}"  # no bytes moved
         print(f"| {name} | {best * 1e3:.1f} | {median * 1e3:.1f} | {rate} |")
 
 

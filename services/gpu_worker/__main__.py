@@ -45,14 +45,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="slots of the host KV pool for device <-> host copies (0: none)")
     p.add_argument("--kv-store", choices=STORE_KINDS, default=env("--kv-store", "none"),
                    help="shared KV store (L3) for host pages: nats = a JetStream KV bucket on the worker's "
-                        "broker (JetStream must be on: nats-server -js); needs --host-kv-slots")
+                        "broker (JetStream must be on: nats-server -js); mooncake = Mooncake Store (pip extra "
+                        "radixmesh[mooncake]; its master at --kv-store-url, radixmesh up starts one); "
+                        "needs --host-kv-slots")
     p.add_argument("--kv-store-bucket", default=env("--kv-store-bucket", StoreConfig.bucket))
     p.add_argument("--kv-store-url", default=env("--kv-store-url", ""),
-                   help="the store's own NATS server (JetStream on), e.g. a cluster kept for KV; "
-                        "default: the worker's broker")
+                   help="nats: the store's own NATS server (JetStream on), e.g. a cluster kept for KV; "
+                        "default: the worker's broker. mooncake: mooncake_master's host:port (default "
+                        "127.0.0.1:50051)")
     p.add_argument("--kv-store-max-bytes", type=int,
                    default=env("--kv-store-max-bytes", StoreConfig.max_bytes, int),
-                   help="byte limit of the bucket when this worker creates it (full: the oldest pages go)")
+                   help="nats: byte limit of the bucket when this worker creates it (full: the oldest pages go); "
+                        "mooncake: this worker's segment of the pool (mapped, touched as pages land)")
+    p.add_argument("--kv-store-mooncake-metadata", default=env("--kv-store-mooncake-metadata", "P2PHANDSHAKE"),
+                   help="Mooncake's metadata server: P2PHANDSHAKE (none needed) or http://host:port/metadata")
+    p.add_argument("--kv-store-mooncake-hostname", default=env("--kv-store-mooncake-hostname", ""),
+                   help="the address peers reach this worker's Mooncake segment at (default: this host's "
+                        "address on the route to the master)")
     p.add_argument("--attention-backend", default=env("--attention-backend", "auto"),
                    help="torch | cpu | triton | flashinfer | auto (cpu, else torch, on the CPU; "
                         "best available on CUDA)")
@@ -116,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         data_bus = await open_data_bus(ctx)  # NOTE: bulk bytes (pages, KV transfers) off the control connection
         await serve_store(ctx, worker, StoreConfig(args.kv_store, args.kv_store_bucket, args.kv_store_max_bytes,
-                                                      args.kv_store_url),
+                                                      args.kv_store_url, args.kv_store_mooncake_metadata,
+                                                      args.kv_store_mooncake_hostname),
                           data_bus)
         await serve_kv_transfer(ctx, worker, KVTransferConfig(mode=args.kv_transfer), data_bus)
         await worker.start(ctx.bus)  # NOTE: after the store: the first announcement names it

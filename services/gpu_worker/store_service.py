@@ -1,6 +1,8 @@
 """The shared KV store on the worker's bus: ``--kv-store nats`` opens the JetStream bucket
 over a second NATS connection (page traffic never queues ahead of the step messages on
-the control connection), attaches puts to the copier and answers ``worker_fetch(id)``."""
+the control connection), ``--kv-store mooncake`` a Mooncake Store client (its master at
+``--kv-store-url``; this worker's segment of ``--kv-store-max-bytes``); either way it attaches
+puts to the copier and answers ``worker_fetch(id)``."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from libs.protocol.bus import Bus
 from libs.protocol.errors import invalid_request
 from libs.protocol.messages import FetchPages, FetchReply
 from libs.protocol.service import ServiceContext
-from libs.transfer import KVLayout, PageSpec, StoreError, TransferError, valid_key
+from libs.transfer import (
+    KVLayout, PageSpec, PageStore, StoreError, StoreNotInstalled, StoreUnavailable, TransferError, valid_key,
+)
 from libs.transfer.jetstream_store import DEFAULT_BUCKET, DEFAULT_MAX_BYTES, JetStreamStore
 
 from .service import WorkerService
@@ -23,7 +27,7 @@ from .store_io import StoreIO
 
 log = logging.getLogger("gpu_worker.store")
 
-STORE_KINDS = ("none", "nats")
+STORE_KINDS = ("none", "nats", "mooncake")
 STORE_CONNECT_S = 10.0  # --kv-store-url: how long a starting worker waits for the store's server
 STORE_AVAILABLE = Gauge("radixmesh:kv_store_available",
                         "1: the worker serves the shared KV store; 0: it serves without one (none asked "
@@ -35,7 +39,9 @@ class StoreConfig:
     kind: str = "none"
     bucket: str = DEFAULT_BUCKET
     max_bytes: int = DEFAULT_MAX_BYTES
-    url: str = ""  # the store's own NATS server ("": the worker's broker)
+    url: str = ""  # nats: the store's own NATS server ("": the worker's broker); mooncake: the master
+    mooncake_metadata: str = "P2PHANDSHAKE"
+    mooncake_hostname: str = ""  # what peers reach this worker's segment at ("": the route to the master)
 
 
 class FetchEndpoint:
@@ -95,26 +101,50 @@ async def serve_store(ctx: ServiceContext, worker: WorkerService, config: StoreC
     copier = worker.runner.kv_copies
     if copier.host is None:
         raise SystemExit("gpu_worker: --kv-store needs a host KV pool (--host-kv-slots > 0)")
-    if config.url:
-        try:  # NOTE: a store of its own may be down: serve without it rather than hang here
-            bus = await asyncio.wait_for(open_data_bus(ctx, config.url), STORE_CONNECT_S)
-        except (asyncio.TimeoutError, OSError) as exc:
-            log.error("shared KV store at %s unreachable (%s, waited up to %.0f s): serving without it "
-                      "(restart to retry)", config.url, type(exc).__name__, STORE_CONNECT_S)
-            STORE_AVAILABLE.set(0)
-            return None
-    bus = bus if bus is not None else await open_data_bus(ctx)
     spec = PageSpec(KVLayout.of_pool(copier.pool))
-    try:
-        store = await JetStreamStore.open(bus.nc, spec, config.bucket, config.max_bytes)
-    except (StoreError, TransferError) as exc:
-        raise SystemExit(f"gpu_worker: --kv-store nats: {exc}") from None
+    opened = await (_open_mooncake(config, spec) if config.kind == "mooncake" else _open_nats(ctx, config, spec, bus))
+    if opened is None:
+        STORE_AVAILABLE.set(0)
+        return None
+    store, where = opened
+    ctx.stack.push_async_callback(store.close)  # NOTE: after the uploader stops (the stack runs backwards)
     io = StoreIO(store, copier.host)
     io.start()
     ctx.stack.push_async_callback(io.stop)
     copier.store_io = io
     await FetchEndpoint(worker, io).start(ctx.bus)
     STORE_AVAILABLE.set(1)
-    log.info("shared KV store: JetStream bucket %s (%d-token pages of %d bytes, at most %d bytes)",
-             config.bucket, spec.page_tokens, spec.value_bytes, config.max_bytes)
+    log.info("shared KV store: %s (%d-token pages of %d bytes)", where, spec.page_tokens, spec.value_bytes)
     return io
+
+
+async def _open_nats(ctx: ServiceContext, config: StoreConfig, spec: PageSpec,
+                     bus: Bus | None) -> tuple[PageStore, str] | None:
+    if config.url:
+        try:  # NOTE: a store of its own may be down: serve without it rather than hang here
+            bus = await asyncio.wait_for(open_data_bus(ctx, config.url), STORE_CONNECT_S)
+        except (asyncio.TimeoutError, OSError) as exc:
+            log.error("shared KV store at %s unreachable (%s, waited up to %.0f s): serving without it "
+                      "(restart to retry)", config.url, type(exc).__name__, STORE_CONNECT_S)
+            return None
+    bus = bus if bus is not None else await open_data_bus(ctx)
+    try:
+        store = await JetStreamStore.open(bus.nc, spec, config.bucket, config.max_bytes)
+    except (StoreError, TransferError) as exc:
+        raise SystemExit(f"gpu_worker: --kv-store nats: {exc}") from None
+    return store, f"JetStream bucket {config.bucket} (at most {config.max_bytes} bytes)"
+
+
+async def _open_mooncake(config: StoreConfig, spec: PageSpec) -> tuple[PageStore, str] | None:
+    from libs.transfer.mooncake_store import DEFAULT_MASTER, MooncakeConfig, MooncakeStore
+
+    mooncake = MooncakeConfig(master=config.url or DEFAULT_MASTER, metadata=config.mooncake_metadata,
+                              hostname=config.mooncake_hostname, segment_bytes=config.max_bytes)
+    try:
+        store = await MooncakeStore.open(spec, mooncake, setup_timeout_s=STORE_CONNECT_S)
+    except StoreNotInstalled as exc:
+        raise SystemExit(f"gpu_worker: --kv-store mooncake: {exc}") from None
+    except StoreUnavailable as exc:  # NOTE: as an unreachable NATS store: serve without it
+        log.error("shared KV store unreachable (%s): serving without it (restart to retry)", exc)
+        return None
+    return store, f"Mooncake Store, master {mooncake.master} (this worker's segment: {mooncake.segment_bytes} bytes)"

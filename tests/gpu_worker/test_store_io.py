@@ -1,11 +1,12 @@
 """The worker's side of the shared KV store, on the real model and a real nats-server with
-JetStream: pages put from host slots survive those slots being overwritten at once, come back
+JetStream (and, for the round trip, on a real mooncake_master): pages put from host slots survive those slots being overwritten at once, come back
 by FetchPages into other host slots, and load onto the device as the KV they were; a missing
 page ends the leading run; a store that goes away fails fetches and puts, never a step."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from contextlib import AsyncExitStack
 
@@ -20,7 +21,9 @@ from libs.transfer import page_keys
 from services.gpu_worker import ModelRunner, RunnerConfig
 from services.gpu_worker.service import WorkerService
 from services.gpu_worker.store_service import StoreConfig, serve_store
+from libs.transfer.mooncake_master import MooncakeMaster
 from tests.transfer.jetstream import JetStreamServer
+from tests.transfer.mooncake import require_mooncake
 
 P = 16
 EMPTY = dict(new_rows=[], rows=[], prefix_lens=[], extend_lens=[], input_ids=[], out_slots=[])
@@ -37,8 +40,10 @@ def runner() -> ModelRunner:
 class _Worker:
     """A worker service with ``--kv-store nats`` on ``server``, adopted by scheduler "s"."""
 
-    def __init__(self, runner: ModelRunner, server: JetStreamServer, prefix: str) -> None:
+    def __init__(self, runner: ModelRunner, server: JetStreamServer, prefix: str,
+                 store: StoreConfig | None = None) -> None:
         self.runner, self.server, self.subjects = runner, server, Subjects(prefix)
+        self.store = store or StoreConfig("nats", "w" + prefix, 8 << 20)
         self.step = 0
 
     async def __aenter__(self) -> "_Worker":
@@ -48,7 +53,7 @@ class _Worker:
         ctx = ServiceContext("gpu_worker", CommonConfig(self.server.url, self.subjects.prefix, "w1", "INFO"),
                              self.bus, asyncio.Event(), self.stack)
         service = WorkerService(self.runner, "w1", "m", self.subjects, announce_s=5)
-        self.io = await serve_store(ctx, service, StoreConfig("nats", "w" + self.subjects.prefix, 8 << 20))
+        self.io = await serve_store(ctx, service, self.store)
         await service.start(self.bus)
         self.stack.push_async_callback(service.stop)
         self.info = await self.bus.request(self.subjects.worker_adopt("w1"),
@@ -84,13 +89,29 @@ def jetstream():
         yield server
 
 
-async def test_put_overwrite_fetch_h2d_gives_back_the_device_kv(runner, jetstream, subject_prefix):
+@pytest.fixture(params=["nats", "mooncake"])
+def backend(request) -> str:
+    if request.param == "mooncake":
+        require_mooncake()
+    return request.param
+
+
+async def test_put_overwrite_fetch_h2d_gives_back_the_device_kv(runner, jetstream, subject_prefix, backend):
+    with contextlib.ExitStack() as stack:
+        store = None
+        if backend == "mooncake":
+            master = stack.enter_context(MooncakeMaster())
+            store = StoreConfig("mooncake", url=master.address, max_bytes=32 << 20)
+        await _put_overwrite_fetch_h2d(runner, jetstream, subject_prefix, store)
+
+
+async def _put_overwrite_fetch_h2d(runner, jetstream, subject_prefix, store: StoreConfig | None) -> None:
     ids = list(range(1000, 1000 + 3 * P))
     src, h1, h2, dst = list(range(3 * P)), list(range(3 * P)), list(range(64, 64 + 3 * P)), list(range(100, 100 + 3 * P))
     _prefill(runner, ids, src)
     original = _device(runner, src)
     keys = page_keys("m", "float32", ids, "tenant", P)
-    async with _Worker(runner, jetstream, subject_prefix) as w:
+    async with _Worker(runner, jetstream, subject_prefix, store) as w:
         assert w.info.store_page_tokens == P
         await w.copies(KVCopy(kind="d2h", src=src, dst=h1), KVCopy(kind="put", src=h1, keys=keys))
         await w.copies(KVCopy(kind="d2h", src=list(range(200, 200 + 3 * P)), dst=h1))  # the put's slots reused

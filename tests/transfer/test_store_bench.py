@@ -14,3 +14,14 @@ def test_store_bench_prints_one_row_per_operation_on_a_tiny_layout(capsys):
         name, best, median, rate = (c.strip() for c in row.strip("|").split("|"))
         assert float(best) > 0 and float(median) >= float(best)
         assert rate == "-" if name.startswith("exists") else float(rate) >= 0
+
+
+def test_store_bench_measures_mooncake_beside_jetstream_when_asked(capsys):
+    from .mooncake import require_mooncake
+
+    require_mooncake()
+    store_bench.main(["--backend", "mooncake", "--tokens", "40", "--layers", "2", "--kv-heads", "1",
+                      "--head-dim", "4", "--repeat", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| mooncake")]
+    assert [r.split(":")[1].split("(")[0].strip() for r in rows] == ["put", "exists", "get", "fetch into a host pool"]
+    assert all(float(r.split("|")[2]) > 0 for r in rows)
