@@ -644,8 +644,12 @@ class PrefillStatus(Base, tag="prefill_status.v1"):
 class PrefillStatusReply(Base, tag="prefill_status_reply.v1"):
     # queued | running (prefilling) | sending (KV on its way) | unknown (not here)
     state: str
-    # prefill tokens ahead of and including this request over the measured prefill rate
+    # prefill tokens ahead of and including this request (those of steps in flight too)
+    # over the measured prefill rate
     predicted_s: float = 0.0
+    # steps the prefill scheduler has completed (results applied): the decode side renews
+    # only while this or ``state`` advances, so a worker hung mid-step ends in a fallback
+    completed_steps: int = 0
 
 
 class KVReady(Base, tag="kv_ready.v1"):

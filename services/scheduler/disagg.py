@@ -219,9 +219,10 @@ class DecodeBook:
         return False  # arrived: activate() ends it
 
     def expired(self, now: float) -> list[Req]:
-        """Pending past their deadline (from the request or its last renewal), not probed now."""
+        """Pending past their deadline (from the request or its last renewal, capped by
+        the total wait bound), not probed now."""
         return [r for r in self.pending.values() if r.transfer.sent_at and not r.transfer.probing
-                and now > (r.transfer.renewed_at or r.transfer.sent_at) + self.deadline_s(r)]
+                and now > r.transfer.due(self.deadline_s(r))]
 
     def renew(self, req: Req, predicted_s: float, now: float) -> None:
         """The prefill side still has ``req``: its deadline runs again from ``now``."""
