@@ -165,6 +165,9 @@ class RouteRequest(Base, tag="route.v1"):
     input_ids: list[int] = []
     cache_salt: str = ""
     max_new_tokens: int = 0  # its output cap: the decode load it adds (0: unknown, not weighed)
+    # a decode worker would prefill it itself (extras.prefills_locally: logprobs, a regex,
+    # a resumed output): scored as a local prefill everywhere, no prefill peer named
+    local_prefill: bool = False
 
 
 class RouteReply(Base, tag="route_reply.v1"):
