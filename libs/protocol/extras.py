@@ -10,6 +10,13 @@ from __future__ import annotations
 from .messages import SamplingExtras, SamplingParams
 
 
+def prefills_locally(s: SamplingParams, prompt_len: int, num_output_tokens: int) -> bool:
+    """Whether a decode worker computes this prompt itself instead of a prefill worker:
+    a resumed request (its output is replayed there), logprobs or a regex (their state
+    lives on the decode worker's rows), a one-token prompt."""
+    return bool(num_output_tokens or s.return_logprob or s.regex or prompt_len <= 1)
+
+
 def uses_extras(s: SamplingParams) -> bool:
     return bool(s.presence_penalty or s.frequency_penalty or s.repetition_penalty != 1.0
                 or s.min_p or s.min_tokens or s.logit_bias)

@@ -165,6 +165,9 @@ class RouteRequest(Base, tag="route.v1"):
     input_ids: list[int] = []
     cache_salt: str = ""
     max_new_tokens: int = 0  # its output cap: the decode load it adds (0: unknown, not weighed)
+    # a decode worker would prefill it itself (extras.prefills_locally: logprobs, a regex,
+    # a resumed output): scored as a local prefill everywhere, no prefill peer named
+    local_prefill: bool = False
 
 
 class RouteReply(Base, tag="route_reply.v1"):
@@ -599,7 +602,9 @@ class ForwardResult(Base, tag="forward_result.v1"):
 #     --PrefillRequest--> sched.<P>.prefill                       -> PrefillAck
 #   P's scheduler prefills (its own cache applies), samples the first token, then
 #     --KVSend--> worker.<P>.kv_send: P's worker exports the slots and pushes them to
-#     D's worker (KVShmReady on one host, KVChunk otherwise)        -> KVSendReply
+#     D's worker (KVShmReady on one host, KVChunk otherwise, or with --kv-transfer
+#     mooncake KVLand, a Mooncake write into D's landing buffer, KVLand written)
+#                                                                   -> KVSendReply
 #     --KVReady--> sched.<D>.kv_ready (also on every failure: ok False)
 #   D's scheduler imports the staged buffer into the preallocated slots with the next
 #   step (KVCopy "import") and emits every token, the first included. A failure, a
@@ -644,8 +649,12 @@ class PrefillStatus(Base, tag="prefill_status.v1"):
 class PrefillStatusReply(Base, tag="prefill_status_reply.v1"):
     # queued | running (prefilling) | sending (KV on its way) | unknown (not here)
     state: str
-    # prefill tokens ahead of and including this request over the measured prefill rate
+    # prefill tokens ahead of and including this request (those of steps in flight too)
+    # over the measured prefill rate
     predicted_s: float = 0.0
+    # steps the prefill scheduler has completed (results applied): the decode side renews
+    # only while this or ``state`` advances, so a worker hung mid-step ends in a fallback
+    completed_steps: int = 0
 
 
 class KVReady(Base, tag="kv_ready.v1"):
@@ -661,7 +670,7 @@ class KVReady(Base, tag="kv_ready.v1"):
     cached_tokens: int = 0  # of the prompt, cached on the prefill worker
     nbytes: int = 0
     seconds: float = 0.0  # export + push on the prefill worker
-    path: str = ""  # "shm" or "nats"
+    path: str = ""  # "shm", "nats" or "mooncake"
     prefill_worker: str = ""
     error: ErrorInfo | None = None
 
@@ -708,10 +717,24 @@ class KVShmReady(Base, tag="kv_shm.v1"):
     nbytes: int
 
 
+class KVLand(Base, tag="kv_land.v1"):
+    """Worker -> worker, the Mooncake path (request; reply KVChunkAck): reserve a landing
+    buffer of ``nbytes`` for a sealed KVBuffer (the reply names the receiver's engine
+    ``session`` and the buffer's ``address``); then, ``written``, the sender wrote it
+    there: the receiver checks and stages it (reply ``staged``)."""
+
+    transfer_id: str
+    nbytes: int
+    written: bool = False
+
+
 class KVChunkAck(Base, tag="kv_chunk_ack.v1"):
     ok: bool
     staged: bool = False  # the whole buffer arrived, checked, and is staged
     error: str = ""
+    # to a KVLand reservation: the receiver's Mooncake session ("host:port") and where to write
+    session: str = ""
+    address: int = 0
 
 
 class KVDrop(Base, tag="kv_drop.v1"):

@@ -112,6 +112,9 @@ class Subjects:
     def worker_kv_shm(self, worker: str) -> str:
         return self._s("worker", check_token(worker), "kv_shm")
 
+    def worker_kv_land(self, worker: str) -> str:
+        return self._s("worker", check_token(worker), "kv_land")
+
     def worker_kv_drop(self, worker: str) -> str:
         return self._s("worker", check_token(worker), "kv_drop")
 

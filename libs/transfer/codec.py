@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 
 from libs.kernels import KVPool
 
-from .buffer import KVBuffer
+from .buffer import HEADER_BYTES, KVBuffer, checksum, pack_header
 from .errors import SlotError
 from .layout import KVLayout
 from .tokens import gather_tokens, scatter_tokens
@@ -26,6 +27,21 @@ def export_payload(pool: KVPool, slots: torch.Tensor) -> tuple[KVLayout, memoryv
     layout = KVLayout.of_pool(pool)
     data = gather_tokens(pool, _index(slots, pool)).cpu()
     return layout, _bytes_view(data).toreadonly()
+
+
+def export_wire(pool: KVPool, slots: torch.Tensor) -> np.ndarray:
+    """The sealed wire bytes (header + payload, as :meth:`KVBuffer.to_bytes`) of ``slots``,
+    gathered straight into one new host array: a data path that writes them whole."""
+    layout = KVLayout.of_pool(pool)
+    index = _index(slots, pool)
+    n = len(index)
+    wire = np.empty(HEADER_BYTES + n * layout.token_bytes, dtype=np.uint8)
+    if n:
+        out = torch.from_numpy(wire[HEADER_BYTES:]).view(layout.torch_dtype).view(n, *layout.token_shape)
+        gather_tokens(pool, index, out)
+    crc = checksum(memoryview(wire)[HEADER_BYTES:])
+    wire[:HEADER_BYTES] = np.frombuffer(pack_header(layout, n, n * layout.token_bytes, crc), dtype=np.uint8)
+    return wire
 
 
 def import_slots(pool: KVPool, slots: torch.Tensor, buffer: KVBuffer) -> None:

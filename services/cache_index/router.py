@@ -58,7 +58,8 @@ class Router:
         """The worker that serves ``req``: a colocated or decode worker (a prefill-only
         worker only when no other is live), weighing the decode load it adds there; a
         decode worker gets a prefill peer of the same KV layout, picked by the same
-        policy over the prefill workers (which do not decode it)."""
+        policy over the prefill workers (which do not decode it), unless it would
+        prefill the request itself (``local_prefill``): then it is scored so."""
         if req.num_tokens <= 0:
             raise errors.invalid_request("num_tokens must be positive")
         states = [s for s in self.registry.live(req.model)
@@ -68,7 +69,7 @@ class Router:
         hashes: dict[int, list[int]] = {}
         serving = [s for s in states if s.report.role != "prefill"] or states
         cands = self._candidates(serving, req, hashes, min(req.max_new_tokens, DECODE_HORIZON_TOKENS))
-        peers = self._peers(cands, states, req, hashes)
+        peers = {} if req.local_prefill else self._peers(cands, states, req, hashes)
         chosen = self._pick(cands, req, hashes)
         prefill = None
         if peers.get(chosen.worker_id):

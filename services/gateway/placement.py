@@ -10,6 +10,7 @@ from typing import Callable
 import msgspec
 
 from libs.protocol import Bus, ServiceError, Subjects
+from libs.protocol.extras import prefills_locally
 from libs.protocol.messages import (
     AbortRequest, EncodeReply, ReleaseRequest, RouteReply, RouteRequest, SubmitReply, SubmitRequest,
 )
@@ -48,8 +49,9 @@ class Placement:
             detok_instance=enc.detok_instance, cache_salt=req.cache_salt,
             num_output_tokens=len(resume.output_ids),
         )
+        local = prefills_locally(sampling, len(enc.input_ids), len(resume.output_ids))
         while True:
-            worker = await self.route(rid, req, enc, exclude)
+            worker = await self.route(rid, req, enc, exclude, local)
             # NOTE: a decode worker's prefill peer, named by the index (never twice the same try)
             submit.prefill_worker, submit.prefill_predicted_s = self.pairs.pop(rid, ("", 0.0))
             try:
@@ -70,11 +72,11 @@ class Placement:
                     raise
 
     async def route(self, rid: str, req: GenerationRequest, enc: EncodeReply,
-                     exclude: list[str]) -> str:
+                     exclude: list[str], local_prefill: bool = False) -> str:
         """Ask the cache index; if it cannot answer, pick from our own load view."""
         route = RouteRequest(rid=rid, model=self.model, num_tokens=len(enc.input_ids),
                              exclude=exclude, input_ids=enc.input_ids, cache_salt=req.cache_salt,
-                             max_new_tokens=enc.max_new_tokens)
+                             max_new_tokens=enc.max_new_tokens, local_prefill=local_prefill)
         try:
             reply = await self.bus.request(self.subjects.index_route(), route, RouteReply,
                                            self.config.route_timeout)

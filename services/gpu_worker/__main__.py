@@ -17,6 +17,7 @@ from libs.protocol.env_flags import env_default
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import ServiceContext, add_common_args, common_config, run_service, setup_logging
 from libs.protocol.subjects import check_token
+from libs.transfer.mooncake import MooncakeUnavailable, unavailable
 
 from .compiled import DEFAULT_SIZES
 from .model_runner import ModelRunner, RunnerConfig
@@ -76,7 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prefill/decode disaggregation: both (colocated), prefill or decode (announced in WorkerInfo)")
     p.add_argument("--kv-transfer", choices=TRANSFER_MODES, default=env("--kv-transfer", "auto"),
                    help="how KV moves to a decode worker: auto = shared memory (/dev/shm) with a peer of the "
-                        "same host_id, NATS chunks otherwise; shm or nats forces one")
+                        "same host_id, NATS chunks otherwise; shm or nats forces one; mooncake: the Mooncake "
+                        "Transfer Engine over TCP (extra radixmesh[mooncake]; give it to both workers: a decode "
+                        "worker without it gets NATS chunks)")
+    p.add_argument("--kv-mooncake-host", default=env("--kv-mooncake-host", ""),
+                   help="with --kv-transfer mooncake: the address peers reach this worker's engine at "
+                        "(default: this host's name, resolved)")
     p.add_argument("--worker-id", default=env("--worker-id", "") or f"worker-{uuid.uuid4().hex[:8]}")
     p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between WorkerInfo announcements")
     add_common_args(p, SERVICE)
@@ -101,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(SERVICE, config.log_level)
     serve_metrics(args.metrics_port, args.metrics_host)
     threads = set_compute_threads(args.threads)
+    if args.kv_transfer == "mooncake" and unavailable():  # NOTE: before the model loads
+        raise SystemExit(f"{SERVICE}: --kv-transfer mooncake: {unavailable()}")
     try:
         check_token(args.worker_id)
         runner = ModelRunner(RunnerConfig(
@@ -128,7 +136,11 @@ def main(argv: list[str] | None = None) -> None:
                                                       args.kv_store_url, args.kv_store_mooncake_metadata,
                                                       args.kv_store_mooncake_hostname),
                           data_bus)
-        await serve_kv_transfer(ctx, worker, KVTransferConfig(mode=args.kv_transfer), data_bus)
+        try:
+            await serve_kv_transfer(ctx, worker, KVTransferConfig(mode=args.kv_transfer,
+                                                                  mooncake_host=args.kv_mooncake_host), data_bus)
+        except MooncakeUnavailable as exc:
+            raise SystemExit(f"{SERVICE}: --kv-transfer mooncake: {exc}") from None
         await worker.start(ctx.bus)  # NOTE: after the store: the first announcement names it
         ctx.stack.push_async_callback(worker.stop)
 

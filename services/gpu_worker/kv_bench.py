@@ -1,7 +1,8 @@
 """``python -m services.gpu_worker.kv_bench``: one prompt's KV (default 1,500 tokens of the
 default model's layout: 30 layers, 3 KV heads x 64 dims) moved worker to worker by shared
-memory and by NATS chunks, side by side: the sending worker in this process, the receiving
-one in a child process, over a local nats-server (default max_payload: 1 MB chunks).
+memory, by NATS chunks and (when the engine imports) by the Mooncake Transfer Engine over
+TCP, side by side: the sending worker in this process, the receiving one in a child
+process, over a local nats-server (default max_payload: 1 MB chunks).
 
 Timed: the KVSend round trip (gather on the sender, push, the receiver's whole-buffer
 check, staged), as KVSendReply.seconds reports it, then the scatter of the staged buffer
@@ -24,6 +25,7 @@ from libs.kernels import KVPool
 from libs.protocol import Bus, Subjects
 from libs.protocol.messages import KVDrop, KVSend, KVSendReply
 from libs.transfer import DTYPES, export_slots, import_slots
+from libs.transfer.mooncake import unavailable
 from libs.transfer.store_bench import jetstream_server
 
 from .kv_copy import KVCopier
@@ -31,7 +33,7 @@ from .kv_service import start_kv_paths
 from .kv_transfer import KVTransferConfig
 from .service import WorkerService
 
-PATHS = ("shm", "nats")
+PATHS = ("shm", "nats", "mooncake")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=7, help="timed rounds (best and median reported)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--nats-url", default="", help="default: start a local nats-server")
+    p.add_argument("--paths", default=",".join(PATHS), help="of " + ", ".join(PATHS) +
+                   " (mooncake left out, with the reason, when its engine does not import)")
     p.add_argument("--receive", default="", help=argparse.SUPPRESS)  # internal: serve as the receiver "prefix:dtype"
     return p.parse_args(argv)
 
@@ -64,7 +68,9 @@ def bench_worker(args: argparse.Namespace, subjects: Subjects, wid: str, dtype: 
 async def receive(args: argparse.Namespace) -> None:
     prefix, dtype = args.receive.split(":")
     bus = await Bus.connect(args.nats_url, "kv-bench-recv")
-    await start_kv_paths(bus, bench_worker(args, Subjects(prefix), "recv", dtype))
+    config = KVTransferConfig(mode="mooncake" if "mooncake" in args.paths.split(",") else "auto",
+                              mooncake_host="127.0.0.1")
+    await start_kv_paths(bus, bench_worker(args, Subjects(prefix), "recv", dtype), config)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes it
     await bus.close()
@@ -76,30 +82,31 @@ async def measure(args: argparse.Namespace, url: str, dtype: str) -> dict[str, t
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "services.gpu_worker.kv_bench", "--receive", f"{prefix}:{dtype}", "--nats-url", url,
         "--layers", str(args.layers), "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim),
-        "--slots", str(args.slots), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        "--slots", str(args.slots), "--paths", args.paths, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE)
     bus = await Bus.connect(url, "kv-bench-send")
     try:
         if (await asyncio.wait_for(child.stdout.readline(), 120)).strip() != b"ready":
             raise SystemExit("kv_bench: the receiving process did not start")
-        subjects = Subjects(prefix)
-        for path in PATHS:
-            config = KVTransferConfig(mode=path, in_flight=args.in_flight)
+        subjects, paths = Subjects(prefix), args.paths.split(",")
+        for path in paths:
+            config = KVTransferConfig(mode=path, in_flight=args.in_flight, mooncake_host="127.0.0.1")
             await start_kv_paths(bus, bench_worker(args, subjects, f"send-{path}", dtype), config)
         slots = torch.randperm(args.slots, generator=torch.Generator().manual_seed(0))[: args.tokens].tolist()
-        times: dict[str, list[float]] = {p: [] for p in PATHS}
+        times: dict[str, list[float]] = {p: [] for p in paths}
         last: dict[str, KVSendReply] = {}
         for round_ in range(args.repeat + 1):  # NOTE: paths take turns; round 0 warms up
-            for path in PATHS:
+            for path in paths:
                 tid = f"{path}-{round_}"
                 msg = KVSend(transfer_id=tid, slots=slots, dest_worker="recv", dest_host="", deadline_s=30)
                 reply = await bus.request(subjects.worker_kv_send(f"send-{path}"), msg, KVSendReply, timeout=60)
-                if not reply.ok:
-                    raise SystemExit(f"kv_bench: {path} transfer failed: {reply.error}")
+                if not reply.ok or reply.path != path:
+                    raise SystemExit(f"kv_bench: {path} transfer failed: {reply.error or reply.path}")
                 await bus.publish(subjects.worker_kv_drop("recv"), KVDrop(transfer_ids=[tid]))
                 if round_:
                     times[path].append(reply.seconds)
                 last[path] = reply
-        return {p: (times[p], last[p].nbytes, last[p].chunks) for p in PATHS}
+        return {p: (times[p], last[p].nbytes, last[p].chunks) for p in paths}
     finally:
         await bus.close()
         child.stdin.close()
@@ -141,6 +148,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.receive:
         asyncio.run(receive(args))
         return
+    paths = args.paths.split(",")
+    if not set(paths) <= set(PATHS):
+        raise SystemExit(f"kv_bench: --paths takes {', '.join(PATHS)}, not {args.paths!r}")
+    if "mooncake" in paths and unavailable():
+        print(f"(mooncake left out: {unavailable()})\n")
+        args.paths = ",".join(p for p in paths if p != "mooncake")
     with contextlib.ExitStack() as stack:
         url = args.nats_url or stack.enter_context(jetstream_server())
         args.nats_url = url

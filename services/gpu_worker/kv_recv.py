@@ -3,6 +3,8 @@ buffer staged as ``staging_id(transfer_id)`` for a step's KVCopy "import".
 
     worker_kv_recv(id)  KVChunk -> KVChunkAck     (staged True on the chunk that completed it)
     worker_kv_shm(id)   KVShmReady -> KVChunkAck  (the file is read and removed)
+    worker_kv_land(id)  KVLand -> KVChunkAck      (a registered landing buffer: session and
+                                                  address; once written, checked and staged)
     worker_kv_drop(id)  KVDrop (publish)          partial chunks and staged buffers freed
 
 A chunk that fails its CRC, its place or its size discards the whole transfer; a complete
@@ -11,7 +13,9 @@ is staged. Dropped, failed and reaped transfers are remembered (bounded), so the
 chunks are refused instead of starting over. Partial transfers idle for
 ``partial_idle_s`` and staged buffers not imported within ``staged_ttl_s`` are freed.
 Bytes in flight plus staged stay within the staging budget: a transfer that would pass
-it is refused at its first chunk.
+it is refused at its first chunk. A landing buffer dropped before it was written stays
+allocated (not registered) for LANDING_GRACE_S: a write the sender started may still
+be arriving into it.
 """
 
 from __future__ import annotations
@@ -25,19 +29,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from libs.protocol.bus import Bus
-from libs.protocol.messages import KVChunk, KVChunkAck, KVDrop, KVShmReady, staging_id
+from libs.protocol.messages import KVChunk, KVChunkAck, KVDrop, KVLand, KVShmReady, staging_id
 from libs.transfer import HEADER_BYTES, KVBuffer, KVLayout, TransferError, shm
 from libs.transfer.chunks import Assembly
 from libs.transfer.errors import ChecksumMismatch, LayoutMismatch
+from libs.transfer.mooncake import Landing, MooncakeEngine
 
 from .kv_transfer import (
-    CHECKSUM, DROPPED, REFUSED, SHM_UNAVAILABLE, SIZE, TRANSFER_BYTES, TRANSFER_FAILURES, KVTransferConfig,
+    CHECKSUM, DROPPED, MOONCAKE, MOONCAKE_UNAVAILABLE, REFUSED, SHM_UNAVAILABLE, SIZE, TRANSFER_BYTES,
+    TRANSFER_FAILURES, KVTransferConfig,
 )
 from .service import WorkerService
 
 log = logging.getLogger("gpu_worker.kv_recv")
 
 MAX_DROP = 1024  # transfer ids taken from one KVDrop
+LANDING_GRACE_S = 10.0
 
 
 @dataclass
@@ -47,21 +54,34 @@ class _Partial:
 
 
 @dataclass
+class _Landed:
+    landing: Landing
+    seen: float  # monotonic time it was reserved (or released: retired)
+
+
+@dataclass
 class _Books:
-    """What the receiver holds: partial transfers, staged ones (by staging time) and the
-    ids it forgot on purpose."""
+    """What the receiver holds: partial transfers, landing buffers (Mooncake), staged
+    ones (by staging time) and the ids it forgot on purpose."""
 
     partial: dict[str, _Partial] = field(default_factory=dict)
+    landing: dict[str, _Landed] = field(default_factory=dict)
+    retired: list[_Landed] = field(default_factory=list)  # released unwritten: freed after the grace
     staged: dict[str, float] = field(default_factory=dict)
     dropped: OrderedDict[str, None] = field(default_factory=OrderedDict)
     reserved: int = 0  # bytes of transfers arriving, not yet staged
 
+    @property
+    def retired_bytes(self) -> int:
+        return sum(r.landing.nbytes for r in self.retired)
+
 
 class KVReceiver:
     def __init__(self, worker: WorkerService, config: KVTransferConfig = KVTransferConfig(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, engine: MooncakeEngine | None = None) -> None:
         self.worker = worker
         self.config = config
+        self.engine = engine
         self.staging = worker.runner.kv_copies.staging
         self.layout = KVLayout.of_pool(worker.runner.kv)
         self.books = _Books()
@@ -72,10 +92,13 @@ class KVReceiver:
         s, wid = self.worker.subjects, self.worker.worker_id
         await bus.subscribe(s.worker_kv_recv(wid), self.on_chunk, KVChunk, concurrent=True)
         await bus.subscribe(s.worker_kv_shm(wid), self.on_shm, KVShmReady, concurrent=True)
+        await bus.subscribe(s.worker_kv_land(wid), self.on_land, KVLand, concurrent=True)
         await bus.subscribe(s.worker_kv_drop(wid), self.on_drop, KVDrop)
         self._task = asyncio.create_task(self._reap_loop())
 
     async def stop(self) -> None:
+        for tid in list(self.books.landing):
+            self.drop(tid)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -129,6 +152,39 @@ class KVReceiver:
         finally:
             self.books.reserved -= msg.nbytes
 
+    async def on_land(self, msg: KVLand) -> KVChunkAck:
+        if msg.written:
+            return await self._landed(msg)
+        tid = msg.transfer_id
+        if self.engine is None:
+            return _failed(f"{MOONCAKE_UNAVAILABLE}: worker {self.worker.worker_id} runs no Mooncake engine "
+                           "(--kv-transfer mooncake)")
+        refusal = self._refusal(tid) or self._duplicate(tid) or self._reserve(msg.nbytes)
+        if refusal:
+            return _failed(refusal)
+        try:
+            landing = self.engine.land(msg.nbytes)
+        except TransferError as exc:
+            self.books.reserved -= msg.nbytes
+            return self._fail(tid, f"{MOONCAKE}: {exc}")
+        self.books.landing[tid] = _Landed(landing, self._clock())
+        return KVChunkAck(ok=True, session=self.engine.session_id, address=landing.address)
+
+    async def _landed(self, msg: KVLand) -> KVChunkAck:
+        """The sender wrote the landing buffer of ``msg.transfer_id``: seal, check, stage."""
+        tid = msg.transfer_id
+        landed = self.books.landing.pop(tid, None)
+        if landed is None:
+            return _failed(self._refusal(tid) or f"{REFUSED}: no landing buffer for transfer {tid}")
+        landing = landed.landing
+        try:
+            if msg.nbytes != landing.nbytes:
+                landing.release()
+                return self._fail(tid, f"{SIZE}: {msg.nbytes} bytes written, {landing.nbytes} reserved")
+            return await self._stage(tid, landing.seal, "mooncake")
+        finally:
+            self.books.reserved -= landing.nbytes
+
     async def on_drop(self, msg: KVDrop) -> None:
         for tid in msg.transfer_ids[:MAX_DROP]:
             self.drop(tid)
@@ -141,6 +197,11 @@ class KVReceiver:
         part = self.books.partial.pop(tid, None)
         if part is not None:
             self.books.reserved -= part.assembly.total_bytes
+        landed = self.books.landing.pop(tid, None)
+        if landed is not None:  # NOTE: kept (unregistered) a while: a write may be arriving
+            self.books.reserved -= landed.landing.nbytes
+            landed.landing.release()
+            self.books.retired.append(_Landed(landed.landing, self._clock()))
         if self.books.staged.pop(tid, None) is not None:
             with contextlib.suppress(KeyError):  # NOTE: imported by a step meanwhile
                 self.staging.take(staging_id(tid))
@@ -150,6 +211,8 @@ class KVReceiver:
         forget staged ones a step imported. Returns (partials reaped, staged expired)."""
         now, cfg = self._clock(), self.config
         idle = [tid for tid, p in self.books.partial.items() if now - p.seen > cfg.partial_idle_s]
+        idle += [tid for tid, x in self.books.landing.items() if now - x.seen > cfg.partial_idle_s]
+        self.books.retired = [r for r in self.books.retired if now - r.seen <= LANDING_GRACE_S]
         for tid in [tid for tid in self.books.staged if staging_id(tid) not in self.staging]:
             del self.books.staged[tid]  # imported
         expired = [tid for tid, t in self.books.staged.items() if now - t > cfg.staged_ttl_s]
@@ -174,14 +237,14 @@ class KVReceiver:
         return ""
 
     def _duplicate(self, tid: str) -> str:
-        busy = tid in self.books.partial or staging_id(tid) in self.staging
+        busy = tid in self.books.partial or tid in self.books.landing or staging_id(tid) in self.staging
         return f"{REFUSED}: transfer {tid} is already arriving or staged" if busy else ""
 
     def _reserve(self, nbytes: int) -> str:
         """Book ``nbytes`` for a transfer about to arrive, or say why not."""
         if (nbytes - HEADER_BYTES) % self.layout.token_bytes or nbytes < HEADER_BYTES:
             return f"{REFUSED}: {nbytes} bytes is not a whole number of tokens of {self.layout.describe()}"
-        in_use = self.staging.nbytes + self.books.reserved
+        in_use = self.staging.nbytes + self.books.reserved + self.books.retired_bytes
         if in_use + nbytes > self.staging.max_bytes:
             return (f"{REFUSED}: {nbytes} bytes exceed the staging budget "
                     f"({in_use} of {self.staging.max_bytes} bytes in use)")

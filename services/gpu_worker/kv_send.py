@@ -3,8 +3,11 @@
 Export the slots (in a thread: the scheduler keeps them locked, so reading them while
 forwards run is safe), then push the sealed buffer to the destination worker:
 
-    shm   a file under /dev/shm, then KVShmReady (the receiver reads and removes it)
-    nats  KVChunk requests of <= max_payload, ``in_flight`` outstanding, each with its CRC
+    shm       a file under /dev/shm, then KVShmReady (the receiver reads and removes it)
+    nats      KVChunk requests of <= max_payload, ``in_flight`` outstanding, each with its CRC
+    mooncake  KVLand (the receiver's landing buffer: session, address), one engine write
+              of the sealed buffer, KVLand written (the receiver checks it whole); a
+              receiver without an engine (mooncake_unavailable) gets chunks instead
 
 The reply comes once the destination staged the whole buffer, checked, or says why not
 within ``deadline_s`` (error "timeout", "no_route", "checksum", "refused: ...", ...):
@@ -23,15 +26,16 @@ import torch
 
 from libs.protocol.bus import Bus
 from libs.protocol.errors import ServiceError
-from libs.protocol.messages import KVChunk, KVChunkAck, KVDrop, KVSend, KVSendReply, KVShmReady
+from libs.protocol.messages import KVChunk, KVChunkAck, KVDrop, KVLand, KVSend, KVSendReply, KVShmReady
 from libs.protocol.subjects import check_token
 from libs.transfer import HEADER_BYTES, KVLayout, TransferError, shm
 from libs.transfer.chunks import Chunk, chunk_count, iter_chunks
-from libs.transfer.codec import export_payload
+from libs.transfer.codec import export_payload, export_wire
+from libs.transfer.mooncake import MooncakeEngine
 
 from .kv_transfer import (
-    NO_ROUTE, REFUSED, SHM_UNAVAILABLE, TIMEOUT, TRANSFER_BYTES, TRANSFER_FAILURES, TRANSFER_SECONDS,
-    KVTransferConfig, chunk_limit, reason_of,
+    MOONCAKE, MOONCAKE_UNAVAILABLE, NO_ROUTE, REFUSED, SHM_UNAVAILABLE, TIMEOUT, TRANSFER_BYTES,
+    TRANSFER_FAILURES, TRANSFER_SECONDS, KVTransferConfig, chunk_limit, reason_of,
 )
 from .service import WorkerService
 
@@ -47,11 +51,16 @@ class _Failed(Exception):
 
 
 class KVSender:
-    def __init__(self, worker: WorkerService, config: KVTransferConfig = KVTransferConfig()) -> None:
+    def __init__(self, worker: WorkerService, config: KVTransferConfig = KVTransferConfig(),
+                 engine: MooncakeEngine | None = None) -> None:
+        if config.mode == "mooncake" and engine is None:
+            raise ValueError("kv transfer mode mooncake needs a Mooncake engine")
         self.worker = worker
         self.config = config
+        self.engine = engine
         self.shm_ok = shm.writable()
         self._bus: Bus | None = None
+        self._no_engine: set[str] = set()  # receivers that answered mooncake_unavailable (logged once)
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
@@ -59,7 +68,7 @@ class KVSender:
                             concurrent=True)
 
     def path_for(self, dest_host: str) -> str:
-        """"shm" or "nats": forced by the mode, else shm for a peer on this host."""
+        """"shm", "nats" or "mooncake": forced by the mode, else shm for a peer on this host."""
         if self.config.mode != "auto":
             return self.config.mode
         same_host = bool(dest_host) and dest_host == self.worker.host_id
@@ -95,15 +104,30 @@ class KVSender:
 
     async def _send(self, msg: KVSend) -> KVSendReply:
         self._check(msg)
-        if self.path_for(msg.dest_host) == "shm":
+        path = self.path_for(msg.dest_host)
+        if path != "nats":
             try:
-                return await self._push_shm(msg)
+                return await (self._push_mooncake(msg) if path == "mooncake" else self._push_shm(msg))
             except _Failed as exc:
-                if self.config.mode != "auto" or reason_of(exc.error) != SHM_UNAVAILABLE:
+                if not self._falls_back(msg, path, exc.error):
                     raise
-                log.info("transfer %s: %s; sending chunks instead", msg.transfer_id, exc.error)
         layout, payload = await asyncio.to_thread(self._export, msg.slots)
         return await self._push_nats(msg, layout, payload)
+
+    def _falls_back(self, msg: KVSend, path: str, error: str) -> bool:
+        """Whether a failed push goes out as chunks instead: to a receiver without an
+        engine (mooncake; logged once per receiver), or one that cannot read the file
+        (shm, in auto mode)."""
+        reason = reason_of(error)
+        if path == "mooncake" and reason == MOONCAKE_UNAVAILABLE:
+            if msg.dest_worker not in self._no_engine:
+                self._no_engine.add(msg.dest_worker)
+                log.warning("%s; sending it chunks instead", error)
+            return True
+        if path == "shm" and self.config.mode == "auto" and reason == SHM_UNAVAILABLE:
+            log.info("transfer %s: %s; sending chunks instead", msg.transfer_id, error)
+            return True
+        return False
 
     def _check(self, msg: KVSend) -> None:
         size = self.worker.runner.kv.num_slots
@@ -139,6 +163,23 @@ class KVSender:
         _require(ack, last=True)
         return KVSendReply(ok=True, nbytes=nbytes, path="shm", chunks=1)
 
+    async def _push_mooncake(self, msg: KVSend) -> KVSendReply:
+        """Gather the sealed buffer (in a thread), write it into the receiver's landing buffer."""
+        try:
+            wire = await asyncio.to_thread(export_wire, self.worker.runner.kv, torch.tensor(msg.slots, dtype=torch.int64))
+        except TransferError as exc:
+            raise _Failed(f"{REFUSED}: {exc}") from None
+        subject = self.worker.subjects.worker_kv_land(msg.dest_worker)
+        land = await self._request(subject, KVLand(transfer_id=msg.transfer_id, nbytes=wire.nbytes))
+        _require(land, last=False)
+        try:
+            await asyncio.to_thread(self.engine.write, land.session, wire, land.address)
+        except TransferError as exc:
+            raise _Failed(f"{MOONCAKE}: {exc}") from None
+        done = await self._request(subject, KVLand(transfer_id=msg.transfer_id, nbytes=wire.nbytes, written=True))
+        _require(done, last=True)
+        return KVSendReply(ok=True, nbytes=wire.nbytes, path="mooncake", chunks=1)
+
     async def _push_nats(self, msg: KVSend, layout: KVLayout, payload: memoryview) -> KVSendReply:
         limit = chunk_limit(self.config, self._bus.nc.max_payload)
         total = HEADER_BYTES + len(payload)
@@ -165,7 +206,7 @@ class KVSender:
             _require(ack, last=False)
             staged.append(ack.staged)
 
-    async def _request(self, subject: str, msg: KVChunk | KVShmReady) -> KVChunkAck:
+    async def _request(self, subject: str, msg: KVChunk | KVShmReady | KVLand) -> KVChunkAck:
         # NOTE: no own timeout: on_send's deadline cancels whatever is in flight
         try:
             return await self._bus.request(subject, msg, KVChunkAck, timeout=3600.0)
@@ -181,7 +222,7 @@ def _require(ack: KVChunkAck, last: bool) -> None:
     """Raise the receiver's reason unless ``ack`` is ok (and, for the last, staged)."""
     if not ack.ok:
         reason = reason_of(ack.error)
-        raise _Failed(ack.error if reason in (REFUSED, SHM_UNAVAILABLE) else reason)
+        raise _Failed(ack.error if reason in (REFUSED, SHM_UNAVAILABLE, MOONCAKE_UNAVAILABLE) else reason)
     if last and not ack.staged:
         raise _Failed(f"{REFUSED}: the receiver did not stage the transfer")
 

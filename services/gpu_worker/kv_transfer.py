@@ -2,8 +2,12 @@
 reasons a transfer fails (prefill/decode disaggregation; kv_send.py pushes, kv_recv.py
 receives, kv_service.py wires both onto the worker's data connection).
 
-    path "shm"   one host (equal WorkerInfo.host_id): a file under /dev/shm + KVShmReady
-    path "nats"  anywhere: KVChunk requests of <= 1 MB, several in flight
+    path "shm"       one host (equal WorkerInfo.host_id): a file under /dev/shm + KVShmReady
+    path "nats"      anywhere: KVChunk requests of <= 1 MB, several in flight
+    path "mooncake"  only when asked (--kv-transfer mooncake): KVLand reserves a landing
+                     buffer on the receiver, one Mooncake Transfer Engine write (TCP)
+                     fills it, KVLand written has it checked; a receiver without an
+                     engine answers mooncake_unavailable and the sender sends chunks
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
-TRANSFER_MODES = ("auto", "shm", "nats")
+TRANSFER_MODES = ("auto", "shm", "nats", "mooncake")
 ROLES = ("both", "prefill", "decode")
 
 # KVSendReply.error / KVChunkAck.error start with one of these (refused: "refused: <why>")
 TIMEOUT, NO_ROUTE, CHECKSUM, REFUSED, DROPPED, SIZE = "timeout", "no_route", "checksum", "refused", "dropped", "size"
 SHM_UNAVAILABLE = "shm_unavailable"  # the receiver cannot read the file: auto mode falls back to chunks
+MOONCAKE_UNAVAILABLE = "mooncake_unavailable"  # the receiver runs no engine: the sender falls back to chunks
+MOONCAKE = "mooncake"  # the engine's write failed (peer unreachable, address refused)
 
 TRANSFER_BYTES = Counter("radixmesh:kv_transfer_bytes", "KV bytes moved between workers (prefill -> decode)",
                          ["path", "direction"])
@@ -31,6 +37,7 @@ TRANSFER_FAILURES = Counter("radixmesh:kv_transfer_failures", "KV transfers that
 @dataclass(frozen=True)
 class KVTransferConfig:
     mode: str = "auto"  # auto: shm when the peer's host_id is ours and /dev/shm is writable, else nats
+    mooncake_host: str = ""  # mode mooncake: the address peers reach this worker's engine at ("": resolved)
     max_chunk_bytes: int = 1 << 20  # capped by the broker's max_payload less CHUNK_OVERHEAD
     in_flight: int = 4  # chunk requests outstanding per transfer
     partial_idle_s: float = 30.0  # a partial transfer with no chunk for this long is dropped

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import msgspec
 
+from libs.protocol.extras import prefills_locally
 from libs.protocol.messages import ErrorInfo, KVCopy, KVReady, SamplingParams, WorkerInfo, staging_id
 
 from .allocator import OutOfSlots, RowAllocator
@@ -55,11 +56,9 @@ class Core(Protocol):
 
 
 def remote_eligible(req: Req) -> bool:
-    """Whether a prefill worker may compute ``req``'s prompt: not a resumed request
-    (its output must be replayed here), no prompt or output logprobs and no regex
-    (their state lives on the decode worker's rows)."""
-    s = req.sampling
-    return not req.output_ids and req.lp_next < 0 and not s.regex and req.prompt_len > 1
+    """Whether a prefill worker may compute ``req``'s prompt (the router is told the
+    same: RouteRequest.local_prefill)."""
+    return not prefills_locally(req.sampling, req.prompt_len, len(req.output_ids))
 
 
 class DecodeBook:
@@ -219,9 +218,10 @@ class DecodeBook:
         return False  # arrived: activate() ends it
 
     def expired(self, now: float) -> list[Req]:
-        """Pending past their deadline (from the request or its last renewal), not probed now."""
+        """Pending past their deadline (from the request or its last renewal, capped by
+        the total wait bound), not probed now."""
         return [r for r in self.pending.values() if r.transfer.sent_at and not r.transfer.probing
-                and now > (r.transfer.renewed_at or r.transfer.sent_at) + self.deadline_s(r)]
+                and now > r.transfer.due(self.deadline_s(r))]
 
     def renew(self, req: Req, predicted_s: float, now: float) -> None:
         """The prefill side still has ``req``: its deadline runs again from ``now``."""

@@ -104,15 +104,18 @@ class DisaggLink:
             self._spawn(self._probe(req))
 
     async def _probe(self, req: Req) -> None:
-        """Past its deadline: renew it if the prefill worker still has it, else prefill here."""
+        """Past its deadline: renew it if the prefill worker still has it and progresses,
+        else prefill here."""
         t = req.transfer
         subject = self.subjects.sched_prefill_status(t.prefill_worker)
-        if await probe(self.core.decode, req, lambda m: self.bus.request(
-                subject, m, PrefillStatusReply, PROBE_TIMEOUT_S)):
+        reason = await probe(self.core.decode, req, lambda m: self.bus.request(
+            subject, m, PrefillStatusReply, PROBE_TIMEOUT_S))
+        if not reason:
             return
-        log.warning("transfer for %s from %s missed its deadline: prefilling here", req.rid, t.prefill_worker)
-        self._end_span(t.transfer_id, None, "deadline")
-        self.core.decode.fall_back(req, "deadline")
+        log.warning("transfer for %s from %s %s: prefilling here", req.rid, t.prefill_worker,
+                    "stalled (no progress, or waited too long)" if reason == "stalled" else "missed its deadline")
+        self._end_span(t.transfer_id, None, reason)
+        self.core.decode.fall_back(req, reason)
         self.driver.wake()
         self.pump()
 

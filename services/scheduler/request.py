@@ -71,6 +71,14 @@ class Transfer:
     sent_at: float = 0.0  # PrefillRequest sent (monotonic); 0: still preallocating
     renewed_at: float = 0.0  # the deadline was renewed then (the peer still had it); 0: never
     probing: bool = False  # a PrefillStatus is in flight: one at a time
+    max_wait_s: float = 0.0  # the total wait from sent_at, renewals included (set at the first probe)
+    seen: tuple[int, int] | None = None  # (state rank, completed steps) of the last renewing answer
+
+    def due(self, deadline_s: float) -> float:
+        """When the prefill side is next asked: ``deadline_s`` after the request or its
+        last renewal, never past the total wait bound."""
+        due = (self.renewed_at or self.sent_at) + deadline_s
+        return min(due, self.sent_at + self.max_wait_s) if self.max_wait_s else due
 
 
 @dataclass(eq=False)

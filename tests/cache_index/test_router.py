@@ -279,3 +279,26 @@ def test_a_decode_worker_leaving_the_prompt_to_a_peer_is_credited_its_prefix_at_
     _, c = route(remote_prefill_min_tokens=1000)
     assert c["d1"].score == pytest.approx(score(c["d1"], len(prompt)))
     assert c["d1"].score == pytest.approx(2 * 600 / 500 + 0.05 + 64 * (0.05 + 0.008 + 0.008))
+
+
+def test_a_request_the_decode_worker_prefills_itself_is_scored_so_and_gets_no_peer():
+    """Logprobs, a regex or a resumed output keep the prefill on the decode worker
+    (RouteRequest.local_prefill): scored as its own prefill, no prefill worker booked."""
+    step = {"decode_step_s": 0.05, "prefill_tps": 500.0, "transfer_tps": 10_000.0}
+    clock = Clock()
+    reg = Registry(clock=clock)
+    reg.update(report("d1", role="decode", kv_layout="L", free=4096, **step))
+    reg.update(report("p1", role="prefill", kv_layout="L", free=4096, prefill_tps=800.0))
+    router = Router(reg, PrefixIndex(), "cache_aware")
+    remote = router.route(stream("r1", DOC, 8))
+    assert remote.prefill.worker_id == "p1"
+    (d1,) = remote.candidates
+    assert d1.score < score(d1, len(DOC))  # the pair is quicker than its own prefill
+    (p1,) = [s for s in reg.live() if s.report.worker_id == "p1"]
+    booked = len(p1.live_bookings(clock()))
+    local = router.route(RouteRequest(rid="r2", model="m", num_tokens=len(DOC), input_ids=DOC,
+                                      max_new_tokens=8, local_prefill=True))
+    assert local.chosen.worker_id == "d1" and local.prefill is None
+    (d1,) = local.candidates
+    assert d1.score == pytest.approx(score(d1, len(DOC)))
+    assert len(p1.live_bookings(clock())) == booked  # nothing booked on the prefill worker

@@ -30,7 +30,7 @@ async def test_collect_runs_the_whole_path(played, pipeline):
     enc, route, submit = played.encodes[0], played.routes[0], played.submits[0]
     assert enc.gateway == pipeline.instance and enc.text == "hello" and enc.stop == ["\n"]
     assert enc.rid == route.rid == submit.rid == gen.rid and len(gen.rid) == 32
-    assert route.model == pipeline.model and route.num_tokens == 5
+    assert route.model == pipeline.model and route.num_tokens == 5 and not route.local_prefill
     assert submit.detok_instance == played.detok
     sp = submit.sampling
     assert (sp.max_new_tokens, sp.temperature, sp.top_k, sp.seed, sp.stop_token_ids) == (4, 0.0, 5, 3, [9])
@@ -39,6 +39,14 @@ async def test_collect_runs_the_whole_path(played, pipeline):
     assert played.releases[0].rid == gen.rid and played.releases[0].worker_id == "w1"
     assert played.aborts == [] and played.detok_releases == []
     assert pipeline.open_requests == 0
+
+
+@pytest.mark.parametrize("kind", ["return_logprob", "regex"])
+async def test_a_request_a_decode_worker_prefills_itself_is_routed_as_one(played, pipeline, kind):
+    req = GenerationRequest(text="hello", max_new_tokens=2, **{kind: True if kind == "return_logprob" else "[a-z]+"})
+    async with await pipeline.submit(req) as gen:
+        await gen.collect()
+    assert played.routes[0].local_prefill
 
 
 async def test_stream_deltas_end_with_finish(played, pipeline):

@@ -1,5 +1,6 @@
 """Two real workers (P: prefill, D: decode) of the default model on a real nats-server,
-each with its KV data paths, adopted by scheduler "s"; helpers to prefill, send, decode."""
+each with its KV data paths (D's own config if given), adopted by scheduler "s"; helpers
+to prefill, send, decode."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from libs.protocol.messages import (
     AdoptRequest, ForwardBatch, ForwardResult, KVCopy, KVSend, KVSendReply, NewRow, WorkerInfo,
 )
 from libs.transfer import shm
+from libs.transfer.mooncake import MooncakeEngine
 from services.gpu_worker import ModelRunner, RunnerConfig
 from services.gpu_worker.kv_service import KVPaths, start_kv_paths
 from services.gpu_worker.kv_transfer import KVTransferConfig
@@ -32,6 +34,12 @@ def load_runner(name: str, dtype: str = "float32") -> ModelRunner:
     """One runner per name for the whole session (two names: two pools)."""
     torch.set_num_threads(1)
     return ModelRunner(RunnerConfig(model=str(resolve_model()), kv_slots=2048, max_requests=4, dtype=dtype))
+
+
+@functools.cache
+def engine_of(name: str) -> MooncakeEngine:
+    """One Mooncake engine per name for the session (each takes a second to shut down)."""
+    return MooncakeEngine("127.0.0.1")
 
 
 @functools.cache
@@ -63,7 +71,7 @@ class Node:
     """One worker service on the bus, with fresh slots and rows handed out."""
 
     def __init__(self, name: str, wid: str, subjects: Subjects, host_id: str | None) -> None:
-        self.runner, self.wid = load_runner(name), wid
+        self.name, self.runner, self.wid = name, load_runner(name), wid
         self.service = WorkerService(self.runner, wid, "SmolLM2-135M-Instruct", subjects, announce_s=5,
                                      host_id=host_id)
         self.paths: KVPaths | None = None
@@ -82,8 +90,9 @@ class Node:
 class Pair:
     """``async with Pair(url, config) as pair``: P and D started and adopted."""
 
-    def __init__(self, url: str, config: KVTransferConfig = KVTransferConfig(), d_host: str | None = None) -> None:
-        self.url, self.config = url, config
+    def __init__(self, url: str, config: KVTransferConfig = KVTransferConfig(), d_host: str | None = None,
+                 d_config: KVTransferConfig | None = None) -> None:
+        self.url, self.config, self.d_config = url, config, d_config or config
         self.subjects = Subjects("t" + uuid.uuid4().hex[:10])
         tag = uuid.uuid4().hex[:6]
         self.p = Node("P", f"kvp{tag}", self.subjects, None)
@@ -97,8 +106,10 @@ class Pair:
             bus = await self._connect(node.wid)
             await node.service.start(bus)
             self.stack.push_async_callback(node.service.stop)
-            node.paths = await start_kv_paths(bus, node.service, self.config)
-            self.stack.push_async_callback(node.paths.receiver.stop)
+            config = self.d_config if node is self.d else self.config
+            engine = engine_of(node.name) if config.mode == "mooncake" else None
+            node.paths = await start_kv_paths(bus, node.service, config, engine)
+            self.stack.push_async_callback(node.paths.stop)
             await bus.nc.flush()
             await self.bus.request(self.subjects.worker_adopt(node.wid), AdoptRequest(scheduler_id="s", lease_s=60),
                                    WorkerInfo)

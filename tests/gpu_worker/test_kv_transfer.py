@@ -1,6 +1,6 @@
-"""A prompt prefilled on worker P, its KV sent to worker D (shared memory and NATS chunks,
-real workers on a real nats-server), imported by a step on D: bit-identical KV and the
-same greedy tokens as decoding on P."""
+"""A prompt prefilled on worker P, its KV sent to worker D (shared memory, NATS chunks and
+the Mooncake engine, real workers on a real nats-server), imported by a step on D:
+bit-identical KV and the same greedy tokens as decoding on P."""
 
 from __future__ import annotations
 
@@ -45,14 +45,17 @@ def _metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(f"radixmesh:{name}", labels) or 0.0
 
 
-@pytest.mark.parametrize("mode", ["shm", "nats", "auto"])
-async def test_kv_sent_to_another_worker_decodes_as_on_the_prefill_worker(nats_server, mode):
-    path = "nats" if mode == "nats" else "shm"
+@pytest.mark.parametrize("mode", ["shm", "nats", "auto", "mooncake"])
+async def test_kv_sent_to_another_worker_decodes_as_on_the_prefill_worker(nats_server, mode, request):
+    if mode == "mooncake":
+        request.getfixturevalue("mooncake")  # skipped (or failed, CI=true) without the engine
+    path = mode if mode in ("nats", "mooncake") else "shm"
     before = [_metric("kv_transfer_bytes_total", path=path, direction=d) for d in ("send", "recv")]
     seconds = _metric("kv_transfer_seconds_count", path=path)
     async with Pair(nats_server.url, KVTransferConfig(mode=mode)) as pair:
         reply = await _round_trip(pair, f"t-{mode}", path)
-        assert reply.chunks == (1 if reply.path == "shm" else -(-reply.nbytes // ((1 << 20) - 4096)))
+        assert reply.chunks == (-(-reply.nbytes // ((1 << 20) - 4096)) if reply.path == "nats" else 1)
+        assert not pair.d.paths.receiver.books.landing and pair.d.paths.receiver.books.reserved == 0
     after = [_metric("kv_transfer_bytes_total", path=path, direction=d) for d in ("send", "recv")]
     assert [a - b for a, b in zip(after, before)] == [reply.nbytes, reply.nbytes]
     assert _metric("kv_transfer_seconds_count", path=path) == seconds + 1
@@ -62,6 +65,14 @@ async def test_auto_sends_chunks_to_a_worker_on_another_host(nats_server):
     async with Pair(nats_server.url, KVTransferConfig(mode="auto"), d_host="elsewhere/boot/1") as pair:
         assert pair.p.paths.sender.path_for(pair.d.service.host_id) == "nats"
         await _round_trip(pair, "t-remote", "nats")
+
+
+@pytest.mark.usefixtures("mooncake")
+async def test_a_decode_worker_without_a_mooncake_engine_gets_chunks(nats_server):
+    async with Pair(nats_server.url, KVTransferConfig(mode="mooncake"), d_config=KVTransferConfig()) as pair:
+        assert pair.d.paths.engine is None
+        await _round_trip(pair, "t-no-engine", "nats")
+        assert pair.p.paths.sender._no_engine == {pair.d.wid}  # warned once
 
 
 async def test_small_chunks_many_in_flight_reassemble(nats_server):

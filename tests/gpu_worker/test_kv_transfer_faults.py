@@ -13,7 +13,7 @@ import torch
 from prometheus_client import REGISTRY
 
 from libs.kernels import KVPool
-from libs.protocol.messages import KVChunk, KVChunkAck, KVDrop, KVShmReady, staging_id
+from libs.protocol.messages import KVChunk, KVChunkAck, KVDrop, KVLand, KVShmReady, staging_id
 from libs.transfer import HEADER_BYTES, export_slots, shm
 from libs.transfer.chunks import chunks_of
 from services.gpu_worker.kv_transfer import KVTransferConfig
@@ -22,8 +22,8 @@ from .kv_pair import Pair, prompt_ids
 
 
 async def _relay(pair: Pair, name: str, tamper, sleep_s: float = 0.0) -> None:
-    """Worker ``name``'s chunk and shm subjects, answered by forwarding to D after ``tamper``
-    (and its drops forwarded as they are)."""
+    """Worker ``name``'s chunk, shm and land subjects, answered by forwarding to D after
+    ``tamper`` (and its drops forwarded as they are)."""
     s, d = pair.subjects, pair.d.wid
 
     async def on_chunk(msg: KVChunk) -> KVChunkAck:
@@ -34,12 +34,17 @@ async def _relay(pair: Pair, name: str, tamper, sleep_s: float = 0.0) -> None:
         await asyncio.sleep(sleep_s)
         return await pair.bus.request(s.worker_kv_shm(d), tamper(msg), KVChunkAck, timeout=30)
 
+    async def on_land(msg: KVLand) -> KVChunkAck:
+        await asyncio.sleep(sleep_s)
+        return await pair.bus.request(s.worker_kv_land(d), tamper(msg), KVChunkAck, timeout=30)
+
     async def on_drop(msg: KVDrop) -> None:
         await pair.bus.publish(s.worker_kv_drop(d), msg)
 
     await pair.bus.subscribe(s.worker_kv_drop(name), on_drop, KVDrop)
     await pair.bus.subscribe(s.worker_kv_recv(name), on_chunk, KVChunk, concurrent=True)
     await pair.bus.subscribe(s.worker_kv_shm(name), on_shm, KVShmReady, concurrent=True)
+    await pair.bus.subscribe(s.worker_kv_land(name), on_land, KVLand, concurrent=True)
     await pair.bus.nc.flush()
 
 
@@ -67,6 +72,7 @@ def _flip_file(msg: KVShmReady) -> KVShmReady:
 def _nothing_held(pair: Pair, tid: str) -> None:
     books = pair.d.paths.receiver.books
     assert staging_id(tid) not in pair.d.staging and tid not in books.partial and books.reserved == 0
+    assert tid not in books.landing
     assert pair.leftovers() == []
 
 

@@ -2,8 +2,8 @@
 decode worker (`radixmesh up --prefill-workers 1 --decode-workers 1`), the real
 default model in fp32, their own nats-server. Greedy outputs equal the colocated
 stack's; the KV bytes a request moves are the pages the decode worker lacked; a killed
-prefill worker, an abort mid-transfer and a mismatched peer all end in seconds with
-every slot on both sides free or cached."""
+prefill worker, an abort mid-transfer, a mismatched peer and one that answers but never
+progresses all end in seconds with every slot on both sides free or cached."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ import httpx
 import pytest
 
 from libs.protocol import Bus, ServiceError, Subjects
-from libs.protocol.messages import PrefillAck, PrefillRequest, SamplingParams
+from libs.protocol.messages import (
+    AbortRequest, DetokBatch, PrefillAck, PrefillRequest, PrefillStatus, PrefillStatusReply, SamplingParams,
+    SubmitReply, SubmitRequest,
+)
 from libs.transfer import HEADER_BYTES
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
 
@@ -112,6 +115,56 @@ async def test_outputs_equal_colocated_one_at_a_time_and_concurrently(pd, stack)
     assert stats.kv_transfers_in + sum(stats.kv_transfer_failures.values()) == total
     assert stats.kv_transfers_in >= total // 2 and set(stats.kv_transfer_failures) <= {"deadline"}
     assert (await settled(pd, ids["p"])).kv_transfers_out >= stats.kv_transfers_in
+
+
+async def test_a_prefill_peer_that_answers_but_never_progresses_is_given_up_on(pd):
+    """A prefill scheduler whose worker hung keeps answering "running" with no step
+    completed (played here, on the real broker): the decode worker renews its deadline
+    once, then prefills itself (``stalled``), cancels the peer's copy, and the output is
+    the one the real prefill worker gives."""
+    ids, subjects = await aroles(pd), Subjects(pd.config.subject_prefix)
+    prompt = list(range(1000, 1040))
+    async with httpx.AsyncClient(base_url=pd.url, timeout=300) as client:
+        reply = await client.post("/generate", json={
+            "input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    want = reply.json()["output_ids"]
+    before = (await StackBus(pd).sched_stats(ids["d"])).kv_transfer_failures.get("stalled", 0)
+    asked, probes, aborts, out, done = [], [], [], [], asyncio.Event()
+
+    async def on_prefill(msg: PrefillRequest) -> PrefillAck:
+        asked.append(msg.transfer_id)
+        return PrefillAck(queue_position=0)
+
+    async def on_status(msg: PrefillStatus) -> PrefillStatusReply:
+        probes.append(msg.transfer_id)
+        return PrefillStatusReply(state="running", predicted_s=0.05, completed_steps=7)
+
+    async def on_abort(msg: AbortRequest) -> None:
+        aborts.append(msg.rid)
+
+    async def on_detok(msg: DetokBatch) -> None:
+        for delta in msg.items:
+            out.extend(delta.token_ids)
+            if delta.finish_reason:
+                done.set()
+
+    bus = await Bus.connect(pd.nats_url, "test-hung-peer")
+    try:
+        await bus.subscribe(subjects.sched_prefill("hung-p"), on_prefill, PrefillRequest)
+        await bus.subscribe(subjects.sched_prefill_status("hung-p"), on_status, PrefillStatus)
+        await bus.subscribe(subjects.sched_abort("hung-p"), on_abort, AbortRequest)
+        await bus.subscribe(subjects.tokenizer_detok("hung-detok"), on_detok, DetokBatch)
+        await bus.request(subjects.sched_submit(ids["d"]), SubmitRequest(
+            rid="hung-1", input_ids=prompt, sampling=SamplingParams(max_new_tokens=6, temperature=0),
+            detok_instance="hung-detok", prefill_worker="hung-p"), SubmitReply, 5.0)
+        await asyncio.wait_for(done.wait(), 30)
+        await asyncio.sleep(0.2)  # NOTE: the cancel is published as the fallback happens
+    finally:
+        await bus.close()
+    assert out == want
+    assert len(asked) == 1 and probes == asked * 2 and aborts == asked  # renewed once, then given up
+    stats = await settled(pd, ids["d"])
+    assert stats.kv_transfer_failures["stalled"] == before + 1
 
 
 async def test_bytes_moved_are_the_pages_the_decode_worker_lacks(pd):

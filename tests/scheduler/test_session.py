@@ -5,6 +5,7 @@ announces its pattern to the worker."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -157,7 +158,7 @@ async def test_an_overdue_transfer_asks_the_prefill_worker_before_prefilling_its
                                          sampling=SamplingParams(max_new_tokens=4), prefill_worker="p1"))
         await _until(lambda: len(p.driver.core.waiting) == 1)
         (req,) = book.pending.values()
-        req.transfer.sent_at = 1.0  # long ago: past its deadline
+        req.transfer.sent_at = time.monotonic() - book.deadline_s(req) - 0.01  # just past its deadline
         d.link._expire()
         await _until(lambda: book.renewals == 1 and not req.transfer.probing)
         assert list(book.pending.values()) == [req] and not book.failures
@@ -169,6 +170,47 @@ async def test_an_overdue_transfer_asks_the_prefill_worker_before_prefilling_its
         assert book.failures == {"deadline": 1} and book.renewals == 1
         assert [r.rid for r in d.driver.core.waiting] == ["long"]  # prefilled here
         assert d.driver.core.stats().kv_transfer_renewals == 1
+    finally:
+        d.link.close()
+        p.link.close()
+        await bus.close()
+
+
+async def test_a_prefill_worker_that_never_steps_is_given_up_on_and_cancelled(nats_server, subject_prefix):
+    """Through the broker: the prefill session answers "queued" but completes no step
+    (its worker hung): renewed once, then ``stalled``; the decode side prefills itself
+    and its abort reaches the prefill session, which drops its copy."""
+    from libs.protocol.messages import AbortRequest, PrefillRequest, PrefillStatus
+
+    bus = await Bus.connect(nats_server.url, "test-session")
+    subjects = Subjects(subject_prefix)
+
+    def info(w, role):
+        return WorkerInfo(worker_id=w, model="m", kv_slots=512, max_requests=4, max_model_len=512,
+                          vocab_size=1000, eos_token_ids=[2], dtype="float32", role=role, kv_layout="L")
+
+    p = WorkerSession(bus, subjects, "s2", info("p1", "prefill"), CoreConfig(), lease_s=5.0, forward_timeout=5.0)
+    await bus.subscribe(subjects.sched_prefill("p1"), p.link.on_prefill, PrefillRequest)
+    await bus.subscribe(subjects.sched_prefill_status("p1"), p.link.on_prefill_status, PrefillStatus)
+    await bus.subscribe(subjects.sched_abort("p1"), p._on_abort, AbortRequest)
+    d = WorkerSession(bus, subjects, "s1", info("d1", "decode"), CoreConfig(remote_prefill_min_tokens=50),
+                      lease_s=5.0, forward_timeout=5.0)
+    book = d.driver.core.decode
+    try:
+        await d._on_submit(SubmitRequest(rid="long", input_ids=list(range(10, 130)), detok_instance="t",
+                                         sampling=SamplingParams(max_new_tokens=4), prefill_worker="p1"))
+        await _until(lambda: len(p.driver.core.waiting) == 1)
+        (req,) = book.pending.values()
+        t = req.transfer
+        t.sent_at = time.monotonic() - book.deadline_s(req) - 0.01
+        d.link._expire()
+        await _until(lambda: book.renewals == 1 and not t.probing)
+        t.renewed_at -= book.deadline_s(req) + 0.01  # the renewed deadline passes: still no step
+        d.link._expire()
+        await _until(lambda: not book.pending)
+        assert book.failures == {"stalled": 1} and book.renewals == 1
+        assert [r.rid for r in d.driver.core.waiting] == ["long"]  # prefilled here
+        await _until(lambda: not p.driver.core.waiting)  # the prefill side's copy is gone
     finally:
         d.link.close()
         p.link.close()
