@@ -22,6 +22,7 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -113,6 +114,8 @@ class MooncakeStore(PageStore):
         self._claimed = iter(range(in_flight))
         self._claim = threading.Lock()
         self._pool = ThreadPoolExecutor(in_flight, "mooncake", initializer=self._claim_buffer)
+        self._running = 0  # client calls inside the C++ client now (abandoned ones too)
+        self._running_lock = threading.Lock()
 
     @classmethod
     async def open(cls, spec: PageSpec, config: MooncakeConfig = MooncakeConfig(), timeout_s: float = 2.0,
@@ -146,12 +149,29 @@ class MooncakeStore(PageStore):
     async def _call(self, fn: Callable, *args, timeout_s: float | None = None):
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
-            work = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            work = asyncio.get_running_loop().run_in_executor(self._pool, self._counted_call, fn, args)
             return await asyncio.wait_for(work, timeout_s)
         except TimeoutError:  # NOTE: the thread goes on until the client gives up; its buffer is its own
             raise StoreUnavailable(f"Mooncake master at {self.config.master}: no answer within {timeout_s}s") from None
         except RuntimeError as exc:  # the executor was shut down (closed)
             raise StoreUnavailable(f"Mooncake store closed: {exc}") from None
+
+    def _counted_call(self, fn: Callable, args: tuple):
+        with self._running_lock:
+            self._running += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._running_lock:
+                self._running -= 1
+
+    async def _idle(self, timeout_s: float) -> bool:
+        """Whether every client call has returned within ``timeout_s`` (calls abandoned at
+        their timeout go on in their threads until the client gives up)."""
+        deadline = time.monotonic() + timeout_s
+        while self._running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return not self._running
 
     def _raise_unreachable(self, code: int, what: str) -> None:
         raise StoreUnavailable(f"Mooncake master at {self.config.master}: {what} failed: {_name(code)}")
@@ -204,6 +224,8 @@ class MooncakeStore(PageStore):
         the master gone, leave it (its TTL drops the segment; a later close tries again)."""
         try:
             await _probe(self.config.master, self.timeout_s)  # NOTE: close would wait out a gone master
+            if not await self._idle(SETUP_TIMEOUT_S):  # NOTE: closing under a running call crashes
+                raise StoreUnavailable(f"{self._running} calls still inside the client")
             await self._call(self.client.close, timeout_s=SETUP_TIMEOUT_S)
         except StoreUnavailable as exc:
             log.warning("Mooncake client not closed (its segment is left to the master's TTL): %s", exc)
