@@ -1,10 +1,11 @@
 """Elementwise kernels for the ``cpu`` backend in C++ (``csrc/ops.cpp``, ``csrc/rope.cpp``;
-AVX-512 where the CPU has it): RMSNorm, the residual add fused with the next RMSNorm
+AVX-512 or AVX2 where the CPU has it): RMSNorm, the residual add fused with the next RMSNorm
 (in place), SiLU-and-multiply, RoPE of q and k in one pass (in place, cos/sin looked up
 per token inside the kernel). Same names and signatures as :mod:`.ops`, with the torch
 versions' rounding points: RoPE and the residual add are torch's bit for bit, RMSNorm and
 SiLU within a last-bit difference now and then (sums in another order, another exp).
-Other shapes, and code being compiled by torch.compile, take :mod:`.ops` itself.
+Other shapes, and code being compiled by torch.compile, take :mod:`.ops` itself (compiled
+graphs reach the C++ kernels as custom ops: :mod:`.cpu_library`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ weights packed for oneDNN where it has bf16), ``plain`` (eager, unpacked) or
 off: ``torch-ops`` runs the eager model's elementwise ops (RMSNorm, residual add, RoPE,
 SiLU-mul) in torch instead of the backend's own (the C++ ones of ``cpu``), ``fp32-attn``
 sends the ``cpu`` backend's extend rows to torch's SDPA (what it did on CPUs without AMX
-before its AVX512-BF16 extend); by default
+before its AVX512-BF16 extend); ``cpp-ops`` has a compiled step's pieces call the C++ ops
+(custom ops) instead of inductor's fused loops; by default
 fp32 and bf16, eager and compiled, at ``--threads``. ``--prefill N`` adds a row: one N-token prefill chunk, tokens/s. The
 systems take turns batch by batch, round after round, and the table reports medians:
 this machine is noisy (shared, the second vCPU sometimes delivers little), so only
@@ -67,7 +68,7 @@ def bench_prefill(runner: ModelRunner, tokens: int, repeat: int = 2, clock=time.
     return (clock() - start) / repeat
 
 
-KNOBS = ("torch-ops", "fp32-attn")
+KNOBS = ("torch-ops", "fp32-attn", "cpp-ops")
 System = tuple[str, str, int, str, frozenset]  # dtype, mode, threads, attention, knobs
 
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         dtype, mode, attention, knobs = key
         runners[key] = r = ModelRunner(RunnerConfig(
             model=str(resolve_model(args.model)), dtype=dtype, kv_slots=kv_slots, max_requests=max(batches),
-            compile=mode == "compiled", compile_sizes=tuple(batches), pack_weights=mode != "plain",
+            compile=mode == "compiled", compile_sizes=tuple(batches), compile_ops="cpp" if "cpp-ops" in knobs else "torch", pack_weights=mode != "plain",
             attention_backend=attention))
         _apply(r, knobs)
         if r.compiled is not None:

@@ -15,8 +15,8 @@ mixes into real rows; attention sees only rows [0, T) (so padding writes no KV s
 and only real rows reach the LM head (so sampling never sees padding).
 
 The pieces run the torch elementwise ops (:mod:`libs.kernels.ops`), which inductor
-fuses into its own loops; the backend's C++ ones (:mod:`libs.kernels.cpu_ops`, opaque
-to it and in place) serve the eager step only.
+fuses into its own loops, or (``ops="cpp"``) the C++ ones registered as torch custom ops
+(:mod:`libs.kernels.cpu_library`: in place, as their schemas declare).
 
 Compiled code is cached on disk (inductor's cache under ``~/.cache/radixmesh/inductor``,
 ``$TORCHINDUCTOR_CACHE_DIR`` if set), so a second start only traces.
@@ -43,6 +43,19 @@ log = logging.getLogger("gpu_worker")
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 
 
+def piece_ops(name: str):
+    """The elementwise ops inside the compiled pieces: ``torch`` (inductor fuses them into
+    its loops) or ``cpp`` (the C++ kernels as custom ops, :mod:`libs.kernels.cpu_library`)."""
+    if name == "torch":
+        return torch_ops
+    if name == "cpp":
+        from libs.kernels import cpu_library
+
+        cpu_library.load()
+        return cpu_library
+    raise ValueError(f"compiled ops {name!r}: want torch or cpp")
+
+
 def cache_dir() -> Path:
     """Inductor's on-disk cache: ``$TORCHINDUCTOR_CACHE_DIR`` when a user set it, else ours.
 
@@ -62,7 +75,9 @@ def cache_dir() -> Path:
 class CompiledStep:
     """The model's forward with its pieces compiled per bucket of ``sizes`` tokens."""
 
-    def __init__(self, model: LlamaModel, attn: AttentionBackend, sizes=DEFAULT_SIZES) -> None:
+    def __init__(self, model: LlamaModel, attn: AttentionBackend, sizes=DEFAULT_SIZES, ops: str = "torch") -> None:
+        import functools
+
         import torch._dynamo
 
         cache_dir()
@@ -75,9 +90,10 @@ class CompiledStep:
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
         compile_ = lambda fn: torch.compile(fn, dynamic=False, fullgraph=True)  # noqa: E731
-        self._first = compile_(model.first_piece)
-        self._middle = compile_(model.middle_piece)
-        self._last = compile_(model.last_piece)
+        self.ops = piece_ops(ops)
+        self._first = compile_(functools.partial(model.first_piece, ops=self.ops))
+        self._middle = compile_(functools.partial(model.middle_piece, ops=self.ops))
+        self._last = compile_(functools.partial(model.last_piece, ops=self.ops))
         cfg, dev = model.config, model.device
         self._ids = torch.zeros(self.sizes[-1], dtype=torch.int64, device=dev)
         self._positions = torch.zeros(self.sizes[-1], dtype=torch.int64, device=dev)
@@ -127,7 +143,7 @@ class CompiledStep:
     def _run(self, t: int, n: int, attend) -> torch.Tensor:
         """The pieces over ``n`` padded rows, attention over the first ``t``."""
         layers = self.model.weights.layers
-        rope = torch_ops.rope_cache(self.model.rotary, self._positions[:n], self.model.dtype)
+        rope = self.ops.rope_cache(self.model.rotary, self._positions[:n], self.model.dtype)
         out = self._out[:n]
         x, q, k, v = self._first(self._ids[:n], rope, layers[0])
         for i in range(1, len(layers)):

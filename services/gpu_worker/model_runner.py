@@ -35,6 +35,7 @@ class RunnerConfig:
     host_kv_slots: int = 0  # slots of the host KV pool for d2h/h2d copies (0: none)
     compile: bool = False  # the model's pieces between attention calls compiled (compiled.py)
     compile_sizes: tuple[int, ...] = DEFAULT_SIZES  # token-count buckets of the compiled step
+    compile_ops: str = "torch"  # the compiled pieces' elementwise ops: torch (inductor's) or cpp (compiled.py)
     pack_weights: bool = True  # bf16 linears on oneDNN's blocked layout where it has bf16 (weights.py)
 
 
@@ -72,7 +73,7 @@ class ModelRunner:
         if backend == "auto":
             backend = default_backend(self.device, DTYPES[config.dtype])
         self.attn = get_backend(backend, self.kv)
-        self.compiled = CompiledStep(self.model, self.attn, config.compile_sizes) if config.compile else None
+        self.compiled = CompiledStep(self.model, self.attn, config.compile_sizes, config.compile_ops) if config.compile else None
         # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]
         self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)
         self.sampler = Sampler(config.max_requests, mc.vocab_size, self.device)

@@ -21,9 +21,10 @@ def pair(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("tiny")
     _save_random(LlamaForCausalLM(LlamaConfig(**SMALL)), path)
-    make = lambda compile: ModelRunner(RunnerConfig(  # noqa: E731
-        model=str(path), kv_slots=128, max_requests=4, dtype="float32", compile=compile, compile_sizes=(4,)))
-    return make(False), make(True)
+    make = lambda compile, ops="torch": ModelRunner(RunnerConfig(  # noqa: E731
+        model=str(path), kv_slots=128, max_requests=4, dtype="float32", compile=compile, compile_sizes=(4,),
+        compile_ops=ops))
+    return make(False), make(True), make(True, "cpp")
 
 
 def _steps() -> list[ForwardBatch]:
@@ -41,8 +42,9 @@ def _steps() -> list[ForwardBatch]:
     ]
 
 
-def test_compiled_steps_match_eager_and_padding_writes_no_slot(pair):
-    eager, compiled = pair
+@pytest.mark.parametrize("which", [1, 2], ids=["torch-ops", "cpp-ops"])
+def test_compiled_steps_match_eager_and_padding_writes_no_slot(pair, which):
+    eager, compiled = pair[0], pair[which]
     assert compiled.compiled.bucket(3) == 4 and compiled.compiled.bucket(5) is None
     for batch in _steps():
         want, got = eager.run(batch), compiled.run(batch)
@@ -55,8 +57,9 @@ def test_compiled_steps_match_eager_and_padding_writes_no_slot(pair):
     assert not compiled.kv.k[0][untouched].any() and not compiled.kv.v[-1][untouched].any()
 
 
-def test_compiled_logits_close_to_eager(pair):
-    eager, compiled = pair
+@pytest.mark.parametrize("which", [1, 2], ids=["torch-ops", "cpp-ops"])
+def test_compiled_logits_close_to_eager(pair, which):
+    eager, compiled = pair[0], pair[which]
     batch = ForwardBatch(step=0, new_rows=[NewRow(row=3, **GREEDY)], rows=[3], prefix_lens=[0], extend_lens=[3],
                          input_ids=[7, 8, 9], out_slots=[100, 101, 102])
     ref, got = eager.logits(batch), compiled.logits(batch)
@@ -64,7 +67,7 @@ def test_compiled_logits_close_to_eager(pair):
 
 
 def test_warm_up_reports_progress_and_uses_our_cache(pair, monkeypatch):
-    _, compiled = pair
+    compiled = pair[1]
     lines: list[str] = []
     assert isinstance(compiled.compiled, CompiledStep)
     compiled.compiled.warm_up(lines.append)

@@ -1,5 +1,8 @@
-// The Python module: every CPU attention kernel of this folder.
+// The Python module: every CPU attention kernel of this folder; the elementwise ones also
+// as torch custom ops (torch.ops.radixmesh.*), which torch.compile'd graphs can call
+// (their fake kernels: libs/kernels/cpu_library.py).
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include "kernels.h"
 
@@ -13,4 +16,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k heads of fused QKV rows, in place");
   m.def("amx_bf16", &amx_bf16_available, "whether bf16 products run on oneDNN's brgemm (AMX)");
   m.def("bf16_extend", &bf16_extend_available, "whether bf16 extend products run natively (AMX or AVX512-BF16)");
+}
+
+// NOTE: the schemas mark what each op writes (Tensor(a!)): functionalization then knows
+// add_rmsnorm_ overwrites x and h and rope_qk_ qkv, and inductor can run them in place
+TORCH_LIBRARY(radixmesh, m) {
+  m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rmsnorm_(Tensor(a!) x, Tensor(b!) h, Tensor weight, float eps) -> ()");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("rope_qk_(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, int heads, int head_dim) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixmesh, CPU, m) {
+  m.impl("rmsnorm", &rmsnorm);
+  m.impl("add_rmsnorm_", &add_rmsnorm_);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("rope_qk_", &rope_qk_);
 }

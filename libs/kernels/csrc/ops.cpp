@@ -4,8 +4,8 @@
 //   add_rmsnorm_: x = T(x + h); h = w * T(x / rms(x))   (in place: the residual stream
 //                 and the branch output it absorbs; one pass over each row)
 //   silu_mul:     out = T(silu(gate)) * up               (gate_up = [gate | up] on the last dim)
-// One row per work item, rows in parallel; AVX-512 where the build has it (rows.h),
-// plain loops elsewhere.
+// One row per work item, rows in parallel; AVX-512 or AVX2 where the build has it
+// (rows.h), plain loops elsewhere.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -19,48 +19,49 @@ namespace {
 template <typename T>
 inline T round_t(float x) { return rmk::from_f<T>(x); }
 
-#if defined(RMK_ROWS_AVX512)
+#if defined(RMK_ROWS_VEC)
 namespace rv = rmk::rows;
+constexpr int64_t L = rv::kLanes;
 
 // out = w * T(x * r)
 template <typename T>
 void scale_row(const T* x, const T* w, T* out, int64_t H, float r) {
-  const __m512 rs = _mm512_set1_ps(r);
-  for (int64_t i = 0; i < H; i += 16) {
-    const __mmask16 m = rv::tail(H - i);
-    const __m512 normed = rv::round_to<T>(rv::mul(rv::load(x + i, m), rs));
+  const rv::vf rs = rv::set1(r);
+  for (int64_t i = 0; i < H; i += L) {
+    const rv::Mask m = rv::tail(H - i);
+    const rv::vf normed = rv::round_to<T>(rv::mul(rv::load(x + i, m), rs));
     rv::store(out + i, rv::mul(rv::load(w + i, m), normed), m);
   }
 }
 
 template <typename T>
 float sum_squares(const T* x, int64_t H) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < H; i += 16) {
-    const __m512 v = rv::load(x + i, rv::tail(H - i));
-    acc = _mm512_fmadd_ps(v, v, acc);
+  rv::vf acc = rv::zero();
+  for (int64_t i = 0; i < H; i += L) {
+    const rv::vf v = rv::load(x + i, rv::tail(H - i));
+    acc = rv::fmadd(v, v, acc);
   }
-  return _mm512_reduce_add_ps(acc);
+  return rv::hsum(acc);
 }
 
 // x = T(x + h), returns the sum of squares of the new x
 template <typename T>
 float add_into(T* x, const T* h, int64_t H) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < H; i += 16) {
-    const __mmask16 m = rv::tail(H - i);
-    const __m512 s = rv::round_to<T>(_mm512_add_ps(rv::load(x + i, m), rv::load(h + i, m)));
+  rv::vf acc = rv::zero();
+  for (int64_t i = 0; i < H; i += L) {
+    const rv::Mask m = rv::tail(H - i);
+    const rv::vf s = rv::round_to<T>(rv::add(rv::load(x + i, m), rv::load(h + i, m)));
     rv::store(x + i, s, m);
-    acc = _mm512_fmadd_ps(s, s, acc);
+    acc = rv::fmadd(s, s, acc);
   }
-  return _mm512_reduce_add_ps(acc);
+  return rv::hsum(acc);
 }
 
 template <typename T>
 void silu_mul_row(const T* gate, const T* up, T* out, int64_t I) {
-  for (int64_t i = 0; i < I; i += 16) {
-    const __mmask16 m = rv::tail(I - i);
-    const __m512 s = rv::round_to<T>(rv::silu(rv::load(gate + i, m)));
+  for (int64_t i = 0; i < I; i += L) {
+    const rv::Mask m = rv::tail(I - i);
+    const rv::vf s = rv::round_to<T>(rv::silu(rv::load(gate + i, m)));
     rv::store(out + i, rv::mul(s, rv::load(up + i, m)), m);
   }
 }

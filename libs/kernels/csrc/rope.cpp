@@ -9,7 +9,7 @@
 // (ops.apply_rope over cos/sin already cast to T):
 //   x1' = T(T(x1 * c) - T(x2 * s)),  x2' = T(T(x2 * c) + T(x1 * s)),  c = T(cos), s = T(sin)
 // so its results are torch's bit for bit in every dtype. Tokens in parallel; for each
-// 16 lanes of the half row, c and s are loaded once for all heads.
+// vector of lanes (rows.h) of the half row, c and s are loaded once for all heads.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -18,23 +18,23 @@
 
 namespace {
 
-#if defined(RMK_ROWS_AVX512)
+#if defined(RMK_ROWS_VEC)
 namespace rv = rmk::rows;
 
 template <typename T>
 void rope_token(T* x, const float* cos, const float* sin, int64_t heads, int64_t D) {
   const int64_t half = D / 2;
-  for (int64_t i = 0; i < half; i += 16) {
-    const __mmask16 m = rv::tail(half - i);
-    const __m512 c = rv::round_to<T>(rv::load(cos + i, m)), s = rv::round_to<T>(rv::load(sin + i, m));
+  for (int64_t i = 0; i < half; i += rv::kLanes) {
+    const rv::Mask m = rv::tail(half - i);
+    const rv::vf c = rv::round_to<T>(rv::load(cos + i, m)), s = rv::round_to<T>(rv::load(sin + i, m));
     for (int64_t h = 0; h < heads; ++h) {
       T* x1p = x + h * D + i;
       T* x2p = x1p + half;
-      const __m512 x1 = rv::load(x1p, m), x2 = rv::load(x2p, m);
-      const __m512 a = rv::round_to<T>(rv::mul(x1, c)), b = rv::round_to<T>(rv::mul(x2, s));
-      const __m512 e = rv::round_to<T>(rv::mul(x2, c)), f = rv::round_to<T>(rv::mul(x1, s));
-      rv::store(x1p, _mm512_sub_ps(a, b), m);
-      rv::store(x2p, _mm512_add_ps(e, f), m);
+      const rv::vf x1 = rv::load(x1p, m), x2 = rv::load(x2p, m);
+      const rv::vf a = rv::round_to<T>(rv::mul(x1, c)), b = rv::round_to<T>(rv::mul(x2, s));
+      const rv::vf e = rv::round_to<T>(rv::mul(x2, c)), f = rv::round_to<T>(rv::mul(x1, s));
+      rv::store(x1p, rv::sub(a, b), m);
+      rv::store(x2p, rv::add(e, f), m);
     }
   }
 }
