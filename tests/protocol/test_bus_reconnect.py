@@ -100,8 +100,9 @@ async def test_a_connect_given_up_stops_retrying():
     """A caller's deadline (the worker's store URL with no server) ends the attempt:
     no connect keeps retrying, and logging, in the background."""
     url = f"nats://127.0.0.1:{free_port()}"
+    before = asyncio.all_tasks()  # NOTE: the loop is the session's: earlier tests' tasks are not ours
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(Bus.connect(url, "gives-up"), 1.0)
     await asyncio.sleep(0.7)  # NOTE: longer than the reconnect wait (0.5 s)
-    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    left = [t for t in asyncio.all_tasks() - before if not t.done()]
     assert not left, [t.get_coro() for t in left]
