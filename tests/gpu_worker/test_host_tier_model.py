@@ -32,7 +32,7 @@ def prompts(tiered_runner) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(tiered_runner.path)
     docs = [tokenizer(f"A short note about {t}. " * 9)["input_ids"] for t in TOPICS]
     assert all(80 <= len(d) <= 130 for d in docs)  # five of them do not fit in 320 slots
-    return [docs[i % len(docs)] + tokenizer(f" Question {i}:")["input_ids"] for i in range(15)]
+    return [docs[i % len(docs)] + tokenizer(f" Question {i}:")["input_ids"] for i in range(10)]
 
 
 def serve(runner: ModelRunner, prompts: list[list[int]], host: bool, **cfg) -> tuple[list, SchedulerCore]:

@@ -19,7 +19,7 @@ TOPICS = ("rivers", "bread", "bees", "bridges", "winter skies", "old maps")
 def prompts() -> list[str]:
     docs = [" ".join(f"Note {k} about {t}: it is worth a careful look." for k in range(20))
             for t in TOPICS]  # ~240 tokens each: six of them outgrow 1,024 device slots
-    return [f"{docs[i % len(docs)]}\nQuestion {i}: what is it about?" for i in range(18)]
+    return [f"{docs[i % len(docs)]}\nQuestion {i}: what is it about?" for i in range(12)]
 
 
 async def serve(tmp_path, name: str, host_slots: int):
@@ -50,6 +50,6 @@ async def test_outputs_identical_and_documents_load_back(tmp_path):
     tiered, stats, metrics = await serve(tmp_path, "tiered", 8192)
     assert tiered == plain
     assert stats.host_slots == 8192 and stats.host_demoted_tokens > 0
-    assert stats.host_loaded_tokens >= 6 * 200  # the second and third rounds came back
+    assert stats.host_loaded_tokens >= 6 * 200  # the second round came back
     assert stats.cached_tokens >= plain_stats.cached_tokens + 6 * 200
     assert "radixmesh:host_loaded_tokens{" in metrics
