@@ -3,8 +3,11 @@ ports, the real default model, its own nats-server. Two workers serve ten greedy
 chat streams while one worker is killed with SIGKILL: all ten finish as in an
 undisturbed run, the launcher restarts the worker and it serves again. The tokenizer
 (its streams resume through its successor), the cache index, nats-server and the gateway come
-back the same way; `radixmesh trace last` shows the newest request; Ctrl-C stops
-everything in order and exits 0.
+back the same way; `radixmesh trace last` shows the newest request. The workers have a
+host tier and a shared store that the command starts itself (`--kv-store mooncake`: its
+own mooncake_master; the broker's JetStream, `--kv-store nats`, where Mooncake is not
+installed, never in CI): a document whose caches were flushed comes back from the store
+with the same output. Ctrl-C stops everything in order and exits 0.
 
 The tests run in file order on one stack (starting one costs most of the time)."""
 
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .up_process import MODEL, REPO, Chat, Up, chat, gone, health_until
 
@@ -29,8 +33,27 @@ QUESTIONS = [f"Tell me a short story about a {animal}." for animal in (
     "cat", "dog", "fox", "owl", "bear", "horse", "whale", "crow", "frog", "lion")]
 # NOTE: float32: greedy bf16 output can flip at near-ties between a decode and the
 # prefill that resumes it elsewhere, so only fp32 output is compared
+
+
+def _store() -> str:
+    """mooncake where its extra is installed (CI installs it: there a missing one fails), else nats."""
+    from libs.transfer import StoreNotInstalled
+    from libs.transfer.mooncake_master import master_binary
+    from libs.transfer.mooncake_store import load_client_class
+
+    try:
+        load_client_class()
+        master_binary()
+    except StoreNotInstalled as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI installs Mooncake (scripts/install.sh): {exc}")
+        return "nats"
+    return "mooncake"
+
+
+STORE = _store()
 ARGS = ["--workers", "2", "--threads", "1", "--dtype", "float32", "--kv-slots", "4096",
-        "--max-tokens-cap", "512"]
+        "--max-tokens-cap", "512", "--host-kv-slots", "4096", "--kv-store", STORE]
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +174,37 @@ async def test_a_service_option_given_to_up_reaches_the_service(up):
     assert resp.status_code == 400 and "512" in resp.json()["error"]["message"]  # the gateway's cap
 
 
+async def test_a_flushed_document_comes_back_from_the_store_the_command_started(up):
+    if STORE == "mooncake":
+        assert "mooncake_master" in up.children()  # up started it (no --kv-store-url given)
+    text = " ".join(f"Clause {k} on tides: the keeper writes it down before dusk." for k in range(40))
+    body = {"text": text + "\nSum it up.", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    async with httpx.AsyncClient(base_url=up.url, timeout=120) as client:
+        cold = (await client.post("/generate", json=body)).json()
+        prompt = cold["meta_info"]["prompt_tokens"]
+        await store_puts(client, prompt // 16 * 16)
+        assert (await client.post("/flush_cache")).status_code == 200
+        warm = (await client.post("/generate", json=body)).json()
+    assert warm["output_ids"] == cold["output_ids"]
+    details = warm["meta_info"]["cached_tokens_details"]
+    assert details["device"] == details["host"] == 0, details  # both workers' caches were flushed
+    assert details["store"] >= 0.9 * prompt, (details, prompt)
+
+
+async def store_puts(client: httpx.AsyncClient, tokens: int, limit: float = 60) -> None:
+    """Until the workers have put ``tokens`` into the store (the gateway's /metrics; the
+    uploads run in the background, and the gauge follows the workers' stats)."""
+    deadline = time.monotonic() + limit
+    while True:
+        text = (await client.get("/metrics")).text
+        put = sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                  if s.name == "radixmesh:store_tokens" and s.labels.get("direction") == "put")
+        if put >= tokens:
+            return
+        assert time.monotonic() < deadline, f"{put} of {tokens} tokens put"
+        await asyncio.sleep(0.25)
+
+
 def test_ctrl_c_stops_services_then_the_broker_and_exits_0(up):
     children = up.children()
     assert {"nats-server", "gateway", "scheduler", "tokenizer", "cache_index"} <= set(children)
@@ -166,6 +220,7 @@ def test_ctrl_c_stops_services_then_the_broker_and_exits_0(up):
     assert not conf.exists() and not (up.log_dir / "stack.json").exists()
     for log in up.log_dir.glob("*.log"):
         assert "Traceback" not in log.read_text(errors="replace"), log
-    services = [log for log in up.log_dir.glob("*.log") if log.stem != "nats-server"]
+    services = [log for log in up.log_dir.glob("*.log") if log.stem not in ("nats-server", "mooncake_master")]
     assert len(services) == 6 and all(" stopping" in log.read_text() for log in services)
+    assert (up.log_dir / "mooncake_master.log").exists() == (STORE == "mooncake")
 

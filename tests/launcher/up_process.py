@@ -79,8 +79,8 @@ class Up:
                 if name == "gpu_worker":
                     name += ":" + args[args.index("--worker-id") + 1]
                 found[name] = int(stat.parent.name)
-            elif Path(args[0]).name == "nats-server":
-                found["nats-server"] = int(stat.parent.name)
+            elif Path(args[0]).name in ("nats-server", "mooncake_master"):
+                found[Path(args[0]).name] = int(stat.parent.name)
         return found
 
     def ctrl_c(self, timeout: float = 60) -> int:
