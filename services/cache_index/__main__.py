@@ -33,13 +33,16 @@ def main(argv: list[str] | None = None) -> None:
                    help="the workers' shared KV store bucket (JetStream KV on this broker), watched once "
                         "it exists: its pages are credited at each worker's measured fetch rate "
                         "(\"\": do not watch)")
+    p.add_argument("--local-prefill-factor", type=float, default=env("--local-prefill-factor", 3.0, float),
+                   help="a decode worker prefills a prompt itself when its prefill peer's predicted time "
+                        "(queue + compute + transfer) is over this many times its own (0: never)")
     args = p.parse_args(argv)
     setup_logging("cache_index", args.log_level)
     serve_metrics(args.metrics_port, args.metrics_host)
 
     async def body(ctx: ServiceContext) -> None:
         await CacheIndex(ctx, args.policy, Registry(liveness_s=args.liveness_s),
-                         args.kv_store_bucket).start()
+                         args.kv_store_bucket, args.local_prefill_factor).start()
 
     asyncio.run(run_service("cache_index", common_config(args), body))
 

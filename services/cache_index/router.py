@@ -45,7 +45,7 @@ class Decision(NamedTuple):
 
 class Router:
     def __init__(self, registry: Registry, index: PrefixIndex, policy: str,
-                 store: StorePages | None = None) -> None:
+                 store: StorePages | None = None, local_prefill_factor: float = 0.0) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
         self.registry = registry
@@ -53,6 +53,9 @@ class Router:
         self.policy_name = policy
         self.policy = POLICIES[policy]()
         self.store = store  # pages in the shared store (L3), from a watch on its bucket
+        # a decode worker prefills a prompt itself when the pair would take more than this many
+        # times as long (a backlogged prefill side); 0: never (the prompt always goes to a peer)
+        self.local_prefill_factor = local_prefill_factor
 
     def route(self, req: RouteRequest) -> Decision:
         """The worker that serves ``req``: a colocated or decode worker (a prefill-only
@@ -79,7 +82,9 @@ class Router:
     def _peers(self, cands: list[Candidate], states, req: RouteRequest,
                hashes: dict[int, list[int]]) -> dict[str, list[Candidate]]:
         """Each decode candidate's prefill peers (same KV layout), scored; one that will
-        leave the prompt to them is rescored as the pair with the best (``pair_score``)."""
+        leave the prompt to them is rescored as the pair with the best (``pair_score``),
+        unless that pair is ``local_prefill_factor`` times slower than its own prefill
+        (the peers' queues are long): then it keeps its own score and gets no peer."""
         decoders = [c for c in cands if c.state.report.role == "decode"]
         prefillers = [s for s in states if s.report.role == "prefill"]
         if not decoders or not prefillers:
@@ -89,8 +94,15 @@ class Router:
         for c in decoders:
             same = [p for p in scored if p.state.report.kv_layout == c.state.report.kv_layout]
             peers[c.worker_id] = same
-            if same and prefills_remotely(c, req.num_tokens):
-                c.score = pair_score(c, min(same, key=lambda p: p.score), req.num_tokens)
+            if not same or not prefills_remotely(c, req.num_tokens):
+                continue
+            pair = pair_score(c, min(same, key=lambda p: p.score), req.num_tokens)
+            if self.local_prefill_factor and pair > self.local_prefill_factor * c.score:
+                peers[c.worker_id] = []  # NOTE: it prefills the prompt itself (scored so)
+                log.debug("route %s: %s prefills locally (pair %.2f s, local %.2f s)",
+                          req.rid, c.worker_id, pair, c.score)
+            else:
+                c.score = pair
         return peers
 
     def _candidates(self, states, req: RouteRequest, hashes: dict[int, list[int]],

@@ -38,13 +38,13 @@ RESYNCS = Counter("radixmesh:kv_index_resyncs", "Snapshots fetched to resync a w
 
 class CacheIndex:
     def __init__(self, ctx: ServiceContext, policy: str, registry: Registry,
-                 store_bucket: str = "") -> None:
+                 store_bucket: str = "", local_prefill_factor: float = 0.0) -> None:
         self.ctx = ctx
         self.registry = registry
         self.index = PrefixIndex()
         self.store_bucket = store_bucket
         self.store = StorePages() if store_bucket else None
-        self.router = Router(registry, self.index, policy, self.store)
+        self.router = Router(registry, self.index, policy, self.store, local_prefill_factor)
         self._syncing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 

@@ -39,7 +39,8 @@ def pd(tmp_path_factory):
     config = ephemeral_stack_config(tmp_path_factory.mktemp("pd"), workers=0, prefill_workers=1,
                                     decode_workers=1, dtype="float32", kv_slots=8192,
                                     threads_per_worker=1,
-                                    extra={"scheduler": ["--remote-prefill-min-tokens", "0"]})
+                                    extra={"scheduler": ["--remote-prefill-min-tokens", "0"],
+                                           "cache_index": ["--local-prefill-factor", "0"]})
     with LocalStack(config, progress=lambda m: None) as stack:
         asyncio.run(aroles(stack))  # both workers joined
         yield stack

@@ -26,7 +26,7 @@ from .up_process import MODEL, Chat, Up, chat, gone, health_until
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ARGS = ["--prefill-workers", "1", "--decode-workers", "1", "--threads", "1", "--dtype", "float32",
-        "--kv-slots", "4096", "--remote-prefill-min-tokens", "0"]
+        "--kv-slots", "4096", "--remote-prefill-min-tokens", "0", "--local-prefill-factor", "0"]
 TOPICS = ("lighthouse", "orchard", "harbor", "glacier", "library", "foundry", "vineyard", "observatory")
 
 

@@ -23,7 +23,8 @@ async def test_prefill_transfer_and_decode_are_one_trace(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
     config = ephemeral_stack_config(tmp_path / "logs", traces=True, workers=0, prefill_workers=1,
                                     decode_workers=1, threads_per_worker=1,
-                                    extra={"scheduler": ["--remote-prefill-min-tokens", "0"]})
+                                    extra={"scheduler": ["--remote-prefill-min-tokens", "0"],
+                                           "cache_index": ["--local-prefill-factor", "0"]})
     with LocalStack(config, progress=lambda m: None) as stack:
         async with httpx.AsyncClient(base_url=stack.url, timeout=120) as client:
             for _ in range(240):  # both workers routable: the pair forms
