@@ -33,9 +33,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="the workers' shared KV store bucket (JetStream KV on this broker), watched once "
                         "it exists: its pages are credited at each worker's measured fetch rate "
                         "(\"\": do not watch)")
-    p.add_argument("--local-prefill-factor", type=float, default=env("--local-prefill-factor", 3.0, float),
-                   help="a decode worker prefills a prompt itself when its prefill peer's predicted time "
-                        "(queue + compute + transfer) is over this many times its own (0: never)")
+    p.add_argument("--local-prefill-factor", type=float, default=env("--local-prefill-factor", 2.0, float),
+                   help="a decode worker prefills a prompt itself when the first token predicted from its "
+                        "prefill peer (queue + compute + transfer) comes over this many times later than "
+                        "from its own prefill (0: never)")
     args = p.parse_args(argv)
     setup_logging("cache_index", args.log_level)
     serve_metrics(args.metrics_port, args.metrics_host)

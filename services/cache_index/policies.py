@@ -115,6 +115,19 @@ def pair_score(c: Candidate, peer: Candidate, num_tokens: int) -> float:
     return peer.score + moved + c.cached_host / load_rate + report.decode_step_s + c.decode_s
 
 
+def prefills_locally_instead(c: Candidate, peer: Candidate, num_tokens: int, factor: float) -> bool:
+    """Whether decode worker ``c`` should prefill the prompt itself rather than wait for
+    ``peer``: the pair's predicted first token (the peer's queue and compute, then the KV
+    moved) is over ``factor`` times its own (its queue and compute; an unmeasured decode
+    worker is assumed to prefill at its peer's measured rate: the same KV layout)."""
+    report = c.state.report
+    rate = report.prefill_tps or peer.state.report.prefill_tps or DEFAULT_PREFILL_TPS
+    tokens = num_tokens - c.cached - c.cached_host
+    own = (c.queued_tokens + tokens) / rate + report.decode_step_s
+    pair = predict_ttft(peer, num_tokens) + tokens / (report.transfer_tps or DEFAULT_TRANSFER_TPS)
+    return pair > factor * own
+
+
 @dataclass(frozen=True)
 class DecodePrior:
     """What an unmeasured worker's decode steps are assumed to cost: its measured peers'

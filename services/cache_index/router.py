@@ -10,7 +10,7 @@ from libs.protocol.hashing import block_hashes
 from libs.protocol.messages import RouteRequest
 
 from .policies import (DECODE_HORIZON_TOKENS, POLICIES, Candidate, DecodePrior, computed, decode_cost,
-                       pair_score, prefills_remotely, score)
+                       pair_score, prefills_locally_instead, prefills_remotely, score)
 from .prefix_index import PrefixIndex, prompt_hashes
 from .registry import Registry
 from .store_pages import StorePages
@@ -83,8 +83,9 @@ class Router:
                hashes: dict[int, list[int]]) -> dict[str, list[Candidate]]:
         """Each decode candidate's prefill peers (same KV layout), scored; one that will
         leave the prompt to them is rescored as the pair with the best (``pair_score``),
-        unless that pair is ``local_prefill_factor`` times slower than its own prefill
-        (the peers' queues are long): then it keeps its own score and gets no peer."""
+        unless that pair's first token comes ``local_prefill_factor`` times later than its
+        own prefill's (the peers' queues are long): then it keeps its own score and gets
+        no peer."""
         decoders = [c for c in cands if c.state.report.role == "decode"]
         prefillers = [s for s in states if s.report.role == "prefill"]
         if not decoders or not prefillers:
@@ -96,13 +97,14 @@ class Router:
             peers[c.worker_id] = same
             if not same or not prefills_remotely(c, req.num_tokens):
                 continue
-            pair = pair_score(c, min(same, key=lambda p: p.score), req.num_tokens)
-            if self.local_prefill_factor and pair > self.local_prefill_factor * c.score:
+            best = min(same, key=lambda p: p.score)
+            if self.local_prefill_factor and prefills_locally_instead(c, best, req.num_tokens,
+                                                                     self.local_prefill_factor):
                 peers[c.worker_id] = []  # NOTE: it prefills the prompt itself (scored so)
-                log.debug("route %s: %s prefills locally (pair %.2f s, local %.2f s)",
-                          req.rid, c.worker_id, pair, c.score)
+                log.debug("route %s: %s prefills it, not %s (queued %d tokens)",
+                          req.rid, c.worker_id, best.worker_id, best.queued_tokens)
             else:
-                c.score = pair
+                c.score = pair_score(c, best, req.num_tokens)
         return peers
 
     def _candidates(self, states, req: RouteRequest, hashes: dict[int, list[int]],

@@ -305,15 +305,15 @@ def test_a_request_the_decode_worker_prefills_itself_is_scored_so_and_gets_no_pe
 
 
 def test_a_decode_worker_prefills_itself_when_the_prefill_side_is_backlogged():
-    """--local-prefill-factor 3: d1 (500 tokens/s) prefills a 400-token prompt itself once
-    its peer's queue makes the pair over 3x slower than its own prefill (~2 s), not before;
-    with the factor 0 the prompt always goes to the peer."""
-    step = {"decode_step_s": 0.05, "prefill_tps": 500.0, "transfer_tps": 10_000.0}
-
-    def route(queued: int, factor: float = 3.0):
+    """--local-prefill-factor 2: d1 (500 tokens/s) prefills a 400-token prompt itself once
+    its peer's queue delays the pair's first token past twice its own (0.85 s), not before;
+    with the factor 0 the prompt always goes to the peer. An unmeasured d1 is assumed to
+    prefill at its peer's rate (800 tokens/s), not at the default."""
+    def route(queued: int, factor: float = 2.0, **d1):
         clock = Clock()
         reg = Registry(clock=clock)
-        reg.update(report("d1", role="decode", kv_layout="L", free=4096, **step))
+        reg.update(report("d1", role="decode", kv_layout="L", free=4096, decode_step_s=0.05,
+                          transfer_tps=10_000.0, **d1))
         reg.update(report("p1", role="prefill", kv_layout="L", free=4096, prefill_tps=800.0,
                           queued_prefill_tokens=queued))
         router = Router(reg, PrefixIndex(), "cache_aware", local_prefill_factor=factor)
@@ -321,11 +321,14 @@ def test_a_decode_worker_prefills_itself_when_the_prefill_side_is_backlogged():
         (p1,) = [s for s in reg.live() if s.report.worker_id == "p1"]
         return decision, len(p1.live_bookings(clock()))
 
-    near, booked = route(queued=2_000)  # the pair: 4.4 s against 3 x 2.05 s
+    near, booked = route(queued=500, prefill_tps=500.0)  # the pair's first token: 1.17 s
     assert near.prefill.worker_id == "p1" and booked == 1
-    far, booked = route(queued=8_000)  # 11.9 s: d1 prefills it, scored as its own prefill
+    far, booked = route(queued=2_000, prefill_tps=500.0)  # 3.04 s: d1 prefills it, scored so
     (d1,) = far.candidates
     assert far.chosen.worker_id == "d1" and far.prefill is None and booked == 0
     assert d1.score == pytest.approx(score(d1, len(DOC))) == pytest.approx(2 * 400 / 500 + 0.05 + 8 * 0.05, rel=0.05)
-    never, _ = route(queued=8_000, factor=0.0)
+    never, _ = route(queued=2_000, factor=0.0, prefill_tps=500.0)
     assert never.prefill.worker_id == "p1"
+    # 1.29 s against 2 x 0.55 s (at p1's 800 tokens/s; at the default 500 it would be 2 x 0.85 s)
+    unmeasured, _ = route(queued=600)
+    assert unmeasured.prefill is None
