@@ -25,6 +25,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..transfer.mooncake import mooncake_missing
 from .up_process import MODEL, REPO, Chat, Up, chat, gone, health_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,24 +35,8 @@ QUESTIONS = [f"Tell me a short story about a {animal}." for animal in (
 # NOTE: float32: greedy bf16 output can flip at near-ties between a decode and the
 # prefill that resumes it elsewhere, so only fp32 output is compared
 
-
-def _store() -> str:
-    """mooncake where its extra is installed (CI installs it: there a missing one fails), else nats."""
-    from libs.transfer import StoreNotInstalled
-    from libs.transfer.mooncake_master import master_binary
-    from libs.transfer.mooncake_store import load_client_class
-
-    try:
-        load_client_class()
-        master_binary()
-    except StoreNotInstalled as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI installs Mooncake (scripts/install.sh): {exc}")
-        return "nats"
-    return "mooncake"
-
-
-STORE = _store()
+# mooncake where its extra is installed (CI installs it: there a missing one fails), else nats
+STORE = "nats" if mooncake_missing() else "mooncake"
 ARGS = ["--workers", "2", "--threads", "1", "--dtype", "float32", "--kv-slots", "4096",
         "--max-tokens-cap", "512", "--host-kv-slots", "4096", "--kv-store", STORE]
 
