@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from typing import Any, Awaitable, Callable, TypeVar
 
 import msgspec
@@ -35,16 +36,47 @@ log = logging.getLogger("radixmesh.bus")
 _STATUS_HEADER = "Rm-Status"
 
 
+class _Link:
+    """A client's reconnects as requests need them: nats-py reports itself connected
+    before it has replayed its subscriptions (its reply inbox among them), so a request
+    sent in between loses its reply; requests wait for the replay (``reconnected_cb``)."""
+
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()
+        self.ready.set()
+        self.reconnected_at = float("-inf")  # monotonic
+
+    async def on_disconnect(self) -> None:
+        self.ready.clear()
+
+    async def on_reconnect(self) -> None:
+        self.reconnected_at = time.monotonic()
+        self.ready.set()
+
+    async def settled(self, limit: float) -> bool:
+        if self.ready.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self.ready.wait(), limit)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
 class Bus:
     """A connected NATS client with typed, traced request/reply and pub/sub."""
 
-    def __init__(self, nc: Client, name: str) -> None:
+    def __init__(self, nc: Client, name: str, link: _Link | None = None) -> None:
         self.nc = nc
         self.name = name
         self._tasks: set[asyncio.Task] = set()
+        self._link = link or _Link()
 
     MAX_CONCURRENT = 1024  # handlers in flight per concurrent subscription
     DRAIN_TIMEOUT_S = 3.0  # close() gives up draining (a broker gone mid-drain) after this
+    # after a reconnect the other services resubscribe at their own pace (each retries every
+    # 0.5 s): for this long "no responders" is retried (every 50 ms, within the request's timeout)
+    RESUBSCRIBE_S = 3.0
 
     @classmethod
     async def connect(cls, url: str, name: str, connect_timeout: float = 5.0,
@@ -58,6 +90,7 @@ class Bus:
         creds = NatsCredentials.from_env() if credentials is None else credentials
         refused: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
         nc = Client()
+        link = _Link()
 
         async def on_error(exc: Exception) -> None:
             if not nc.is_connected and _fatal(exc) and not refused.done():
@@ -72,6 +105,8 @@ class Bus:
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             error_cb=on_error,
+            disconnected_cb=link.on_disconnect,
+            reconnected_cb=link.on_reconnect,
             **creds.connect_options(),
         ))
         try:
@@ -88,7 +123,7 @@ class Bus:
             raise BusAuthError(f"NATS at {url} refused {name}: {refused.result()} (check "
                                "RADIXMESH_NATS_USER/PASSWORD/TOKEN/CREDS and the TLS files)")
         connecting.result()
-        return cls(nc, name)
+        return cls(nc, name, link)
 
     async def close(self) -> None:
         """Drain and close; never raises (the broker may be gone or reconnecting)."""
@@ -118,10 +153,10 @@ class Bus:
             headers = tracing.inject_headers()
             if not self.nc.is_connected:  # NOTE: fail fast instead of waiting out the timeout
                 raise broker_unavailable(subject)
+            if not await self._link.settled(min(timeout, self.RESUBSCRIBE_S)):
+                raise broker_unavailable(subject)
             try:
-                reply = await self.nc.request(
-                    subject, codec.encode(msg), timeout=timeout, headers=headers or None
-                )
+                reply = await self._request(subject, codec.encode(msg), timeout, headers or None)
             except NoRespondersError:
                 raise errors.unavailable(f"no service is listening on {subject}") from None
             except NatsTimeout:
@@ -132,6 +167,20 @@ class Bus:
                 raise broker_unavailable(subject) from None
             # NOTE: inside the span, so a typed error reply marks it failed
             return _decode_reply(reply, reply_type)
+
+    async def _request(self, subject: str, data: bytes, timeout: float, headers) -> Msg:
+        """One request; "no responders" retried while the broker's other clients may still be
+        resubscribing (``RESUBSCRIBE_S`` after this one reconnected)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return await self.nc.request(subject, data, timeout=max(deadline - time.monotonic(), 0.01),
+                                             headers=headers)
+            except NoRespondersError:
+                now = time.monotonic()
+                if now - self._link.reconnected_at > self.RESUBSCRIBE_S or now + 0.05 >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
 
     async def subscribe(
         self,

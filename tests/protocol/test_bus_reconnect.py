@@ -68,6 +68,54 @@ async def test_requests_fail_fast_during_an_outage_and_work_after_it(tmp_path):
         server.stop()
 
 
+async def test_no_responders_just_after_a_reconnect_is_retried_not_a_503(tmp_path):
+    """After a broker restart the other services resubscribe at their own pace: a request
+    sent before its responder is back waits for it (within RESUBSCRIBE_S and the request's
+    timeout) instead of failing with "no responders"; otherwise that fails at once."""
+    server = NatsServer(log_file=tmp_path / "nats.log").start()
+    client = await Bus.connect(server.url, "client")
+    responder = None
+    try:
+        began = time.monotonic()
+        with pytest.raises(ServiceError) as err:  # never reconnected: no responders is final
+            await client.request("t.late", Ping(), Pong, timeout=5.0)
+        assert err.value.code == "service_unavailable" and time.monotonic() - began < 0.5
+        server.proc.kill()
+        server.proc.wait()
+        deadline = time.monotonic() + 10
+        while client.nc.is_connected:  # NOTE: a request sent before the client notices is lost
+            assert time.monotonic() < deadline, "the closed socket went unnoticed"
+            await asyncio.sleep(0.02)
+        server.start()  # the same port
+        await wait_connected(client)
+
+        async def late_responder() -> Bus:
+            await asyncio.sleep(0.6)  # as a service whose reconnect attempt comes later
+            bus = await Bus.connect(server.url, "responder")
+
+            async def pong(_: Ping) -> Pong:
+                return Pong(service="late", instance="i", uptime_s=0.0)
+
+            await bus.subscribe("t.late", pong, Ping)
+            await bus.nc.flush()
+            return bus
+
+        joining = asyncio.create_task(late_responder())
+        reply = await client.request("t.late", Ping(), Pong, timeout=5.0)
+        responder = await joining
+        assert reply.service == "late"
+        await asyncio.sleep(Bus.RESUBSCRIBE_S)  # long after the reconnect: final again
+        began = time.monotonic()
+        with pytest.raises(ServiceError) as err:
+            await client.request("t.nobody", Ping(), Pong, timeout=5.0)
+        assert err.value.code == "service_unavailable" and time.monotonic() - began < 0.5
+    finally:
+        for bus in (client, responder):
+            if bus is not None:
+                await bus.close()
+        server.stop()
+
+
 async def test_concurrent_handlers_are_bounded(nats_server, subject_prefix, monkeypatch):
     monkeypatch.setattr(Bus, "MAX_CONCURRENT", 3)
     bus = await Bus.connect(nats_server.url, "bounded")
