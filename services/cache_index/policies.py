@@ -111,8 +111,13 @@ def pair_score(c: Candidate, peer: Candidate, num_tokens: int) -> float:
     report = c.state.report
     rate = report.prefill_tps or DEFAULT_PREFILL_TPS
     load_rate = report.host_load_tps or HOST_LOAD_SPEEDUP * rate
-    moved = (num_tokens - c.cached - c.cached_host) / (report.transfer_tps or DEFAULT_TRANSFER_TPS)
-    return peer.score + moved + c.cached_host / load_rate + report.decode_step_s + c.decode_s
+    return peer.score + transfer_s(c, num_tokens) + c.cached_host / load_rate + report.decode_step_s + c.decode_s
+
+
+def transfer_s(c: Candidate, num_tokens: int) -> float:
+    """Seconds to move in the KV of the prompt beyond decode worker ``c``'s cached prefix."""
+    report = c.state.report
+    return (num_tokens - c.cached - c.cached_host) / (report.transfer_tps or DEFAULT_TRANSFER_TPS)
 
 
 def prefills_locally_instead(c: Candidate, peer: Candidate, num_tokens: int, factor: float) -> bool:
@@ -122,10 +127,8 @@ def prefills_locally_instead(c: Candidate, peer: Candidate, num_tokens: int, fac
     worker is assumed to prefill at its peer's measured rate: the same KV layout)."""
     report = c.state.report
     rate = report.prefill_tps or peer.state.report.prefill_tps or DEFAULT_PREFILL_TPS
-    tokens = num_tokens - c.cached - c.cached_host
-    own = (c.queued_tokens + tokens) / rate + report.decode_step_s
-    pair = predict_ttft(peer, num_tokens) + tokens / (report.transfer_tps or DEFAULT_TRANSFER_TPS)
-    return pair > factor * own
+    own = (c.queued_tokens + num_tokens - c.cached - c.cached_host) / rate + report.decode_step_s
+    return predict_ttft(peer, num_tokens) + transfer_s(c, num_tokens) > factor * own
 
 
 @dataclass(frozen=True)

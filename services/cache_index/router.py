@@ -53,8 +53,8 @@ class Router:
         self.policy_name = policy
         self.policy = POLICIES[policy]()
         self.store = store  # pages in the shared store (L3), from a watch on its bucket
-        # a decode worker prefills a prompt itself when the pair would take more than this many
-        # times as long (a backlogged prefill side); 0: never (the prompt always goes to a peer)
+        # a decode worker prefills a prompt itself when the pair's first token would come more than
+        # this many times later than its own (a backlogged prefill side); 0: never
         self.local_prefill_factor = local_prefill_factor
 
     def route(self, req: RouteRequest) -> Decision:
