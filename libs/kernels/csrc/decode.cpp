@@ -18,8 +18,9 @@
 #include <limits>
 #include <vector>
 
-#include "kernels.h"
+#include "decode_bf16.h"
 #include "decode_vec.h"
+#include "kernels.h"
 #include "vec.h"
 
 namespace {
@@ -31,46 +32,148 @@ struct DecodeShape {
   float scale;
 };
 
+// While key t is scored: K of key t + kAhead into L1, K and V of key t + kFar into L2, and
+// V of key t into L1 (read by the block's P . V); ``off`` is the first kv head's offset
+template <typename T>
+inline void prefetch_rows(const T* k, const T* v, const int64_t* slots, int64_t t, int64_t len, int64_t row,
+                          int64_t off, int64_t bytes) {
+  if (t + rmk::kAhead < len) rmk::prefetch_bytes(k + slots[t + rmk::kAhead] * row + off, bytes);
+  if (t + rmk::kFar < len) {
+    rmk::prefetch_l2(k + slots[t + rmk::kFar] * row + off, bytes);
+    rmk::prefetch_l2(v + slots[t + rmk::kFar] * row + off, bytes);
+  }
+  rmk::prefetch_bytes(v + slots[t] * row + off, bytes);
+}
+
+// The online softmax's step for one head over a block of n scores p (scaled by ``scale``):
+// p becomes exp(p * scale - m) for the new running max m, the running sum and the D
+// accumulators are rescaled to m
+inline void softmax_step(float* p, int64_t n, float scale, float& mx, float& sum, float* acc, int64_t D) {
+  const float m = std::max(mx, rmk::block_max(p, n, scale));
+  const float corr = std::exp(mx - m);  // 0 on the first block
+  sum = sum * corr + rmk::block_exp(p, n, scale, m);
+  mx = m;
+  if (corr != 1.0f) {
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) acc[d] *= corr;
+  }
+}
+
+// Per-item working memory: [Hs, D] accumulators, [Hs, kBlock] scores, running max and sum
+struct ItemBuffers {
+  float *acc, *sc, *mx, *sum, *extra;
+  ItemBuffers(std::vector<float>& buf, int64_t Hs, int64_t D, int64_t extra_floats) {
+    buf.assign(Hs * D + Hs * kBlock + 2 * Hs + extra_floats, 0.0f);
+    acc = buf.data(), sc = acc + Hs * D, mx = sc + Hs * kBlock, sum = mx + Hs, extra = sum + Hs;
+    std::fill(mx, mx + Hs, std::numeric_limits<float>::lowest());  // NOTE: finite: built with -ffast-math
+  }
+};
+
 // One request, kv heads [h0, h1): Hs = (h1 - h0) * G query heads.
 template <typename T>
 void decode_item(const T* q, const T* k, const T* v, const int64_t* slots, int64_t len,
                  const DecodeShape& s, int64_t h0, int64_t h1, T* out, std::vector<float>& buf) {
   const int64_t G = s.G, D = s.D, Hs = (h1 - h0) * G, row = s.kv_heads * s.D;
-  buf.assign(Hs * D * 2 + Hs * kBlock + 2 * Hs, 0.0f);
-  float* qf = buf.data();          // [Hs, D] scaled query
-  float* acc = qf + Hs * D;         // [Hs, D] unnormalised output
-  float* sc = acc + Hs * D;         // [Hs, kBlock] scores, then probabilities
-  float* mx = sc + Hs * kBlock;     // [Hs] running max
-  float* sum = mx + Hs;             // [Hs] running sum of exp
+  ItemBuffers b(buf, Hs, D, Hs * D);
+  float* qf = b.extra;  // [Hs, D] scaled query
   rmk::widen(qf, q + h0 * G * D, Hs * D, s.scale);
-  std::fill(mx, mx + Hs, std::numeric_limits<float>::lowest());  // NOTE: finite: built with -ffast-math
   const int64_t bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
   for (int64_t start = 0; start < len; start += kBlock) {
     const int64_t n = std::min(kBlock, len - start);
     const int64_t* sl = slots + start;
     for (int64_t t = 0; t < n; ++t) {
-      if (start + t + rmk::kAhead < len) rmk::prefetch_bytes(k + sl[t + rmk::kAhead] * row + h0 * D, bytes);
-      rmk::prefetch_bytes(v + sl[t] * row + h0 * D, bytes);  // NOTE: read by this block's P . V
+      prefetch_rows(k, v, slots, start + t, len, row, h0 * D, bytes);
       const T* kr = k + sl[t] * row;
       for (int64_t h = h0; h < h1; ++h)
-        rmk::qk_heads(qf + (h - h0) * G * D, kr + h * D, G, D, sc + (h - h0) * G * kBlock + t, kBlock);
+        rmk::qk_heads(qf + (h - h0) * G * D, kr + h * D, G, D, b.sc + (h - h0) * G * kBlock + t, kBlock);
     }
-    for (int64_t j = 0; j < Hs; ++j) {
-      float* p = sc + j * kBlock;
-      const float m = std::max(mx[j], rmk::block_max(p, n, 1.0f));
-      const float corr = std::exp(mx[j] - m);  // 0 on the first block
-      sum[j] = sum[j] * corr + rmk::block_exp(p, n, 1.0f, m);
-      mx[j] = m;
-      if (corr != 1.0f) {
-        float* a = acc + j * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) a[d] *= corr;
-      }
-    }
+    for (int64_t j = 0; j < Hs; ++j) softmax_step(b.sc + j * kBlock, n, 1.0f, b.mx[j], b.sum[j], b.acc + j * D, D);
     for (int64_t h = h0; h < h1; ++h)
-      rmk::pv_heads(acc + (h - h0) * G * D, sc + (h - h0) * G * kBlock, kBlock, v + h * D, sl, n, row, D, G);
+      rmk::pv_heads(b.acc + (h - h0) * G * D, b.sc + (h - h0) * G * kBlock, kBlock, v + h * D, sl, n, row, D, G);
   }
-  for (int64_t j = 0; j < Hs; ++j) rmk::narrow(out + (h0 * G + j) * D, acc + j * D, D, 1.0f / sum[j]);
+  for (int64_t j = 0; j < Hs; ++j) rmk::narrow(out + (h0 * G + j) * D, b.acc + j * D, D, 1.0f / b.sum[j]);
+}
+
+#if defined(__AVX512BF16__)
+// One block's scores for decode_item_pairs: the block's K and V row pointers (padded to 16
+// with the last key), then sc[j * kBlock + t] = q_j . k_t, 16 keys at a time
+template <int C, int G>
+void score_block(const uint16_t* q, const uint16_t* K, const uint16_t* V, const int64_t* slots, int64_t start,
+                 int64_t len, int64_t row, int64_t h0, int64_t H, const uint16_t** krow, const uint16_t** vrow,
+                 float* sc) {
+  constexpr int64_t D = 32 * C;
+  const int64_t n = std::min(kBlock, len - start), n16 = (n + 15) / 16 * 16, bytes = H * D * 2;
+  for (int64_t t = 0; t < n16; ++t) {  // NOTE: the padding's scores are not read
+    const int64_t slot = slots[start + std::min(t, n - 1)];
+    krow[t] = K + slot * row, vrow[t] = V + slot * row;
+  }
+  __m512 quads[4 * 4 * 8];
+  for (int64_t t0 = 0; t0 < n16; t0 += 16) {
+    for (int64_t i = 0; i < 4; ++i) {
+      for (int64_t t = start + t0 + 4 * i; t < std::min(len, start + t0 + 4 * i + 4); ++t)
+        prefetch_rows(K, V, slots, t, len, row, h0 * D, bytes);
+      rmk::quad4<C, G>(q, H, krow + t0 + 4 * i, h0, quads + i);
+    }
+    rmk::scores16(quads, H * G, sc + t0, kBlock);
+  }
+}
+
+// decode_item for a bf16 pool with D = 32 * C and G query heads per kv head, on the
+// dot-product instruction (decode_bf16.h): the same blocks and online softmax, scores 16
+// keys at a time, P . V over key pairs. The query stays unscaled bf16 (the scale is applied
+// to the fp32 scores); up to 8 kv heads per item.
+template <int C, int G>
+void decode_item_pairs(const c10::BFloat16* q, const c10::BFloat16* k, const c10::BFloat16* v, const int64_t* slots,
+                       int64_t len, const DecodeShape& s, int64_t h0, int64_t h1, c10::BFloat16* out,
+                       std::vector<float>& buf) {
+  constexpr int64_t D = 32 * C, kPairs = kBlock / 2;
+  const int64_t H = h1 - h0, Hs = H * G, row = s.kv_heads * D;
+  ItemBuffers b(buf, Hs, D, Hs * kPairs + D);
+  auto* pb = reinterpret_cast<uint32_t*>(b.extra);  // [Hs, kPairs] probabilities as bf16 pairs
+  float* tmp = b.extra + Hs * kPairs;               // [D] one head's output, in order
+  const auto* qh = reinterpret_cast<const uint16_t*>(q) + h0 * G * D;
+  const auto* K = reinterpret_cast<const uint16_t*>(k);
+  const auto* V = reinterpret_cast<const uint16_t*>(v);
+  const uint16_t* krow[kBlock];
+  const uint16_t* vrow[kBlock];
+  for (int64_t start = 0; start < len; start += kBlock) {
+    const int64_t n = std::min(kBlock, len - start), n2 = (n + 1) / 2;
+    score_block<C, G>(qh, K, V, slots, start, len, row, h0, H, krow, vrow, b.sc);
+    for (int64_t j = 0; j < Hs; ++j) {
+      float* p = b.sc + j * kBlock;
+      softmax_step(p, n, s.scale, b.mx[j], b.sum[j], b.acc + j * D, D);
+      if (n % 2) p[n] = 0.0f;  // NOTE: the odd last key's partner is the same row, weighted 0
+      rmk::pair_probs(p, n2, pb + j * kPairs);
+    }
+    for (int64_t h = 0; h < H; ++h)
+      rmk::pv_pairs<C, G>(b.acc + h * G * D, pb + h * G * kPairs, kPairs, vrow, (h0 + h) * D, n2);
+  }
+  for (int64_t j = 0; j < Hs; ++j) {
+    rmk::unpermute(b.acc + j * D, D, tmp);
+    rmk::narrow(out + (h0 * G + j) * D, tmp, D, 1.0f / b.sum[j]);
+  }
+}
+#endif
+
+// A decode_item for this dtype and shape: the dot-product one for bf16 pools where the CPU has
+// it and the shape is instantiated, else the widening loops
+template <typename T>
+auto pick_item(const DecodeShape& s) {
+  using Item = void (*)(const T*, const T*, const T*, const int64_t*, int64_t, const DecodeShape&, int64_t, int64_t,
+                        T*, std::vector<float>&);
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (s.kv_heads <= 8) {
+      if (s.D == 64 && s.G == 1) return Item{decode_item_pairs<2, 1>};
+      if (s.D == 64 && s.G == 2) return Item{decode_item_pairs<2, 2>};
+      if (s.D == 64 && s.G == 3) return Item{decode_item_pairs<2, 3>};
+      if (s.D == 64 && s.G == 4) return Item{decode_item_pairs<2, 4>};
+      if (s.D == 128 && s.G == 1) return Item{decode_item_pairs<4, 1>};
+      if (s.D == 128 && s.G == 2) return Item{decode_item_pairs<4, 2>};
+    }
+  }
+#endif
+  return Item{decode_item<T>};
 }
 
 }  // namespace
@@ -104,13 +207,14 @@ void paged_decode_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     const scalar_t* k_p = k.data_ptr<scalar_t>();
     const scalar_t* v_p = v.data_ptr<scalar_t>();
     scalar_t* o_p = out.data_ptr<scalar_t>();
+    const auto item_fn = pick_item<scalar_t>(shape);
     at::parallel_for(0, B * split, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> buf;
       for (int64_t item = begin; item < end; ++item) {
         const int64_t b = item / split, h0 = (item % split) * per;
         const int64_t t = direct ? b : tok_p[b];
-        decode_item<scalar_t>(q_p + t * Hq * D, k_p, v_p, table_p + rows_p[b] * stride, lens_p[b], shape, h0,
-                              h0 + per, o_p + t * Hq * D, buf);
+        item_fn(q_p + t * Hq * D, k_p, v_p, table_p + rows_p[b] * stride, lens_p[b], shape, h0,
+                h0 + per, o_p + t * Hq * D, buf);
       }
     });
   });

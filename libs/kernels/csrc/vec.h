@@ -207,9 +207,31 @@ inline float block_exp(float* s, int64_t n, float scale, float m) { return RMK_E
 
 constexpr int64_t kAhead = 8;  // rows prefetched ahead: a scattered slot is a DRAM miss
 
+// One prefetch per 64-byte line of [p, p + bytes): into L1 (prefetcht0) or into L2
+// (prefetcht1). Inline asm on x86: GCC's vectoriser drops __builtin_prefetch from the
+// loops it vectorises (and a loop of prefetches alone is one), which left the decode
+// kernel with none at all.
+#if defined(__x86_64__)
+#define RMK_PREFETCH_L1(c) asm volatile("prefetcht0 %0" : : "m"(*(c)))
+#define RMK_PREFETCH_L2(c) asm volatile("prefetcht1 %0" : : "m"(*(c)))
+#else
+#define RMK_PREFETCH_L1(c) __builtin_prefetch((c), 0, 3)
+#define RMK_PREFETCH_L2(c) __builtin_prefetch((c), 0, 2)
+#endif
+
 inline void prefetch_bytes(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off);
+  for (int64_t off = 0; off < bytes; off += 64) RMK_PREFETCH_L1(c + off);
+}
+
+// Rows this far ahead are asked into L2 (K and V alike), the near ones above into L1:
+// more misses in flight than L1's fill buffers allow, which is what a walk over
+// scattered slots is bound by.
+constexpr int64_t kFar = 32;
+
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) RMK_PREFETCH_L2(c + off);
 }
 
 }  // namespace rmk
