@@ -83,9 +83,9 @@ class StackConfig:
     log_dir: Path = Path("logs")
     dtype: str = "auto"  # the worker picks: bfloat16 on CUDA and AMX / AVX512-BF16 CPUs, else float32
     kv_slots: int = 32768
-    # 0: the cores less one (kept for the services' event loops and nats-server), split
-    # among the workers; on 2 cores that is 1: two compute threads there ran decode
-    # 5-15x slower whenever the other core was busy (gpu_worker/bench.py, 1t vs 2t)
+    # 0: the cores split among the workers; each step then runs on 1, half or all of a
+    # worker's threads, whichever the worker measured fastest for steps of its size
+    # (gpu_worker/threads.py: on 2 cores two threads win big steps, one wins 1-row decode)
     threads_per_worker: int = 0
     extra: dict[str, list[str]] = field(default_factory=dict)  # service -> extra flags
     env: dict[str, str] = field(default_factory=dict)  # for every service (secrets: not in argv)
@@ -207,7 +207,7 @@ class LocalStack:
     def _spawn_all(self, model: str) -> None:
         cfg = self.config
         roles = ["both"] * cfg.workers + ["prefill"] * cfg.prefill_workers + ["decode"] * cfg.decode_workers
-        threads = cfg.threads_per_worker or max(1, ((os.cpu_count() or 1) - 1) // max(1, len(roles)))
+        threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // max(1, len(roles)))
         self._spawn("cache_index", [])
         self._spawn("tokenizer", ["--model", model])
         # NOTE: a fixed instance id: a restarted scheduler re-adopts its workers at once

@@ -68,7 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "best available on CUDA)")
     p.add_argument("--device", default=env("--device", "cpu"))
     p.add_argument("--threads", type=int, default=env("--threads", 0, int),
-                   help="compute threads (0: one per core, less one for the event loop and the other services)")
+                   help="the most compute threads a step runs on (0: one per core)")
+    p.add_argument("--thread-choice", choices=("auto", "fixed"), default=env("--thread-choice", "auto"),
+                   help="auto: each step runs on 1, half or all of --threads, whichever has run steps of its "
+                        "size fastest lately (measured as it serves); fixed: always --threads")
     p.add_argument("--compile", choices=("on", "off"), default=env("--compile", "off"),
                    help="compile the model's pieces between attention calls (inductor, cached on disk)")
     p.add_argument("--compile-sizes", default=env("--compile-sizes", ",".join(map(str, DEFAULT_SIZES))),
@@ -91,10 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def set_compute_threads(requested: int) -> int:
-    """Torch's intra-op threads (``requested``, or one per core less one: the service's
-    event loop and the other services of a small machine keep a core) and a single
-    inter-op thread (the forward runs in one thread; an idle pool would only compete)."""
-    threads = requested if requested > 0 else max(1, (os.cpu_count() or 1) - 1)
+    """Torch's intra-op threads (``requested``, or one per core: with --thread-choice auto
+    a step moves to fewer where the other services' load makes all of them slower) and a
+    single inter-op thread (the forward runs in one thread; an idle pool would only compete)."""
+    threads = requested if requested > 0 else max(1, os.cpu_count() or 1)
     torch.set_num_threads(threads)
     with contextlib.suppress(RuntimeError):  # NOTE: settable once, before any inter-op work
         torch.set_num_interop_threads(1)
@@ -116,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             attention_backend=args.attention_backend, device=args.device, max_model_len=args.max_model_len,
             host_kv_slots=args.host_kv_slots, compile=args.compile == "on",
             compile_sizes=tuple(int(n) for n in args.compile_sizes.split(",")),
+            threads=threads, adaptive_threads=args.thread_choice == "auto",
         ))
     except (BackendNotAvailable, ModelNotFoundError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{SERVICE}: {exc}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from .model import LlamaModel
 from .penalties import Penalties
 from .precision import DTYPES, resolve_dtype
 from .sampler import Sampler, token_logprobs
+from .threads import ThreadChooser
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ class RunnerConfig:
     compile_sizes: tuple[int, ...] = DEFAULT_SIZES  # token-count buckets of the compiled step
     compile_ops: str = "torch"  # the compiled pieces' elementwise ops: torch (inductor's) or cpp (compiled.py)
     pack_weights: bool = True  # bf16 linears on oneDNN's blocked layout where it has bf16 (weights.py)
+    # CPU: the most compute threads a step runs on (0: torch's setting, untouched); with
+    # adaptive_threads each step runs on 1 or threads, whichever was faster lately for its size
+    threads: int = 0
+    adaptive_threads: bool = True
 
 
 @dataclass
@@ -84,6 +90,8 @@ class ModelRunner:
         self.last_tokens = torch.zeros(config.max_requests, dtype=torch.int64, device=self.device)
         self.sampled_step = np.full(config.max_requests, -2, dtype=np.int64)
         self.limits = Limits(config.max_requests, self.max_model_len, config.kv_slots, mc.vocab_size)
+        self.thread_chooser = (ThreadChooser(config.threads) if config.adaptive_threads and config.threads > 1
+                               and self.device.type == "cpu" else None)
 
     @property
     def vocab_size(self) -> int:
@@ -112,14 +120,26 @@ class ModelRunner:
         step = parse_batch(batch, self.limits)
         plan = parse_logprobs(batch, step, self.vocab_size)
         extra = plan.index if plan is not None else None
+        tokens, threads, start = len(step.token_rows), self._set_threads(len(step.token_rows)), time.perf_counter()
         step, logits = self._forward(batch, step, extra)
         b = len(step.rows)
         next_ids = self._sample(logits[:b], step)
+        if threads:
+            self.thread_chooser.record(tokens, threads, time.perf_counter() - start)
         self.last_tokens[torch.from_numpy(step.rows).to(self.device)] = next_ids
         self.sampled_step[step.rows] = batch.step
         if plan is None or not len(plan):
             return StepOutput(next_ids.tolist())
         return self._logprobs(plan, logits[b:], next_ids)
+
+    def _set_threads(self, tokens: int) -> int:
+        """The compute threads for a step of ``tokens`` tokens (threads.py), set for this
+        thread (the service runs steps on a thread pool's threads); 0 without a chooser."""
+        if self.thread_chooser is None:
+            return 0
+        threads = self.thread_chooser.choose(tokens)
+        torch.set_num_threads(threads)  # NOTE: ~0.2 us; sets the calling thread's OpenMP count
+        return threads
 
     def _sample(self, logits: torch.Tensor, step: StepArrays) -> torch.Tensor:
         """Next tokens; rows with a regex choose only among the tokens it allows,

@@ -200,3 +200,22 @@ def test_bfloat16_runner_close_to_float32(runner, tokenizer):
     assert ours.dtype == torch.float32
     assert float((ours - ref).abs().max() / ref.abs().max()) < 5e-2
     assert int(ours.argmax()) == int(ref.argmax())
+
+
+def test_each_step_runs_on_the_thread_count_it_chose(runner, hf_model, tokenizer):
+    """threads=2: steps run on one or two threads (threads.py), both timed, same tokens as HF."""
+    from services.gpu_worker import ModelRunner, RunnerConfig
+    from services.gpu_worker.threads import ThreadChooser
+
+    two = ModelRunner(RunnerConfig(model=str(runner.path), kv_slots=1024, max_requests=4, dtype="float32", threads=2))
+    try:
+        prompts = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
+        ours = _generate(two, prompts, rows=[0, 1], slots=_Slots(1024), n=8)
+        for got, ids in zip(ours, prompts):
+            assert got == _hf_greedy(hf_model, ids, 8)
+        decode = two.thread_chooser.table()[ThreadChooser.size_of(2)]
+        assert set(decode) == {1, 2} and all(ms > 0 for ms in decode.values())
+        assert torch.get_num_threads() in (1, 2)
+    finally:
+        torch.set_num_threads(1)  # NOTE: the session's runner fixture runs on one
+    assert runner.thread_chooser is None  # threads=0: torch's setting is left alone

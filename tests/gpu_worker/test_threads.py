@@ -1,0 +1,60 @@
+"""ThreadChooser: each step size runs on the thread count measured fastest for it, and keeps trying the others."""
+
+import pytest
+
+from services.gpu_worker.threads import ThreadChooser
+
+
+def run(chooser: ThreadChooser, tokens: int, per_token_s: dict[int, float], steps: int) -> list[int]:
+    """``steps`` steps of ``tokens`` tokens where n threads take per_token_s[n] seconds a token."""
+    picked = []
+    for _ in range(steps):
+        n = chooser.choose(tokens)
+        chooser.record(tokens, n, per_token_s[n] * tokens)
+        picked.append(n)
+    return picked
+
+
+def test_the_counts_are_one_half_and_all():
+    assert ThreadChooser(1).counts == (1,)
+    assert ThreadChooser(2).counts == (1, 2)
+    assert ThreadChooser(3).counts == (1, 3)
+    assert ThreadChooser(16).counts == (1, 8, 16)
+    with pytest.raises(ValueError):
+        ThreadChooser(0)
+
+
+def test_each_size_settles_on_its_own_fastest_count():
+    chooser = ThreadChooser(2, explore_every=10)
+    small = run(chooser, 1, {1: 0.030, 2: 0.036}, 100)   # 1-row decode: one thread wins
+    big = run(chooser, 64, {1: 0.0026, 2: 0.0015}, 100)  # 64-row decode: two win
+    assert small[:2] == [1, 2] and big[:2] == [1, 2]  # each count is measured once first
+    assert small[2:].count(1) >= 88 and big[2:].count(2) >= 88
+    assert 2 in small[10:] and 1 in big[10:]  # the other count is still tried now and then
+    table = chooser.table()
+    assert table[1][1] < table[1][2] and table[7][2] < table[7][1]
+
+
+def test_a_change_in_the_machine_moves_the_choice():
+    chooser = ThreadChooser(2, explore_every=8)
+    assert run(chooser, 32, {1: 0.003, 2: 0.002}, 39)[-7:] == [2] * 7  # step 40 would be a try of 1
+    # another process takes the second core: two threads now run 2x slower than one
+    after = run(chooser, 32, {1: 0.003, 2: 0.006}, 60)
+    assert after[5:].count(1) >= 45  # timed every step, the count in use is left at once (2 is still tried every 8th)
+    # and back when the core is free again: only the tries of two threads can see it
+    back = run(chooser, 32, {1: 0.003, 2: 0.002}, 60)
+    assert back[-20:].count(2) >= 17
+
+
+def test_three_counts_take_turns_being_tried():
+    chooser = ThreadChooser(16, explore_every=4)
+    picked = run(chooser, 128, {1: 0.010, 8: 0.002, 16: 0.003}, 80)
+    assert picked[:3] == [1, 8, 16]
+    later = picked[3:]
+    assert later.count(8) >= 55 and 1 in later and 16 in later
+
+
+def test_sizes_are_powers_of_two_and_one_thread_is_never_timed():
+    assert [ThreadChooser.size_of(n) for n in (0, 1, 2, 3, 4, 7, 8, 1024)] == [1, 1, 2, 2, 3, 3, 4, 11]
+    single = ThreadChooser(1)
+    assert run(single, 8, {1: 0.01}, 5) == [1] * 5 and single.table() == {}
