@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                     help="auto: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32")
     up.add_argument("--kv-slots", type=int, default=32768, help="KV cache tokens per worker")
-    up.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: auto)")
+    up.add_argument("--threads", type=int, default=0,
+                    help="most compute threads per worker (0: the cores split among the workers)")
     up.add_argument("--log-dir", default="logs")
     up.add_argument("--nats-port", type=int, default=0,
                     help="port of the nats-server it starts (0: a free one); unused with NATS_URL")
