@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -55,7 +56,9 @@ async def _start(nats_server, subject_prefix, runner):
     return subjects, bus, seen, worker
 
 
-async def test_adopt_forward_and_typed_errors(nats_server, subject_prefix, runner, tokenizer):
+async def test_adopt_forward_and_typed_errors(nats_server, subject_prefix, runner, tokenizer, monkeypatch):
+    threads, real_run = [], runner.run
+    monkeypatch.setattr(runner, "run", lambda msg: (threads.append(threading.current_thread().name), real_run(msg))[1])
     subjects, bus, seen, worker = await _start(nats_server, subject_prefix, runner)
     try:
         info = await seen.wait_for(lambda i: i.adopted_by is None)
@@ -89,6 +92,8 @@ async def test_adopt_forward_and_typed_errors(nats_server, subject_prefix, runne
         with pytest.raises(ServiceError) as err:
             await bus.request(subjects.worker_lease("w1"), LeaseRenew(scheduler_id="s2"), WorkerInfo)
         assert (err.value.code, err.value.status) == ("not_adopted", 409)
+        # every forward ran on the one compute thread (one OpenMP team)
+        assert len(threads) == 3 and len(set(threads)) == 1 and threads[0].startswith("compute")
     finally:
         await worker.stop()
         await bus.close()
