@@ -40,7 +40,8 @@ class RunnerConfig:
     compile_ops: str = "torch"  # the compiled pieces' elementwise ops: torch (inductor's) or cpp (compiled.py)
     pack_weights: bool = True  # bf16 linears on oneDNN's blocked layout where it has bf16 (weights.py)
     # CPU: the most compute threads a step runs on (0: torch's setting, untouched); with
-    # adaptive_threads each step runs on 1 or threads, whichever was faster lately for its size
+    # adaptive_threads each step runs on 1, half or all of them, whichever was fastest lately
+    # for steps of its size (threads.py)
     threads: int = 0
     adaptive_threads: bool = True
 
@@ -120,7 +121,9 @@ class ModelRunner:
         step = parse_batch(batch, self.limits)
         plan = parse_logprobs(batch, step, self.vocab_size)
         extra = plan.index if plan is not None else None
-        tokens, threads, start = len(step.token_rows), self._set_threads(len(step.token_rows)), time.perf_counter()
+        tokens = len(step.token_rows)
+        threads = self._set_threads(tokens)
+        start = time.perf_counter()
         step, logits = self._forward(batch, step, extra)
         b = len(step.rows)
         next_ids = self._sample(logits[:b], step)
@@ -133,8 +136,8 @@ class ModelRunner:
         return self._logprobs(plan, logits[b:], next_ids)
 
     def _set_threads(self, tokens: int) -> int:
-        """The compute threads for a step of ``tokens`` tokens (threads.py), set for this
-        thread (the service runs steps on a thread pool's threads); 0 without a chooser."""
+        """The compute threads for a step of ``tokens`` tokens (threads.py), set for the
+        calling thread (OpenMP's count is per thread); 0 without a chooser."""
         if self.thread_chooser is None:
             return 0
         threads = self.thread_chooser.choose(tokens)
