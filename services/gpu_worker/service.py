@@ -81,7 +81,10 @@ class WorkerService:
         s, wid = self.subjects, self.worker_id
         await bus.subscribe(s.worker_adopt(wid), self._on_adopt, AdoptRequest)
         await bus.subscribe(s.worker_lease(wid), self._on_lease, LeaseRenew)
-        await bus.subscribe(s.worker_forward(wid), self._on_forward, ForwardBatch)
+        # NOTE: concurrent, so step N+1 (sent while N runs, the overlap schedule) is decoded
+        # and queued on the compute thread while N runs; order holds: handler tasks start in
+        # the order messages arrive and each reaches the executor's FIFO before its first await
+        await bus.subscribe(s.worker_forward(wid), self._on_forward, ForwardBatch, concurrent=True)
         await bus.subscribe(s.worker_prepare(wid), self._on_prepare, PrepareRegex)
         self._task = asyncio.create_task(self._announce_loop())
         self._update_detail()
@@ -125,16 +128,14 @@ class WorkerService:
 
     async def _on_forward(self, msg: ForwardBatch) -> ForwardResult:
         self.adoption.require_owner()
-        start = time.perf_counter()
         if trace.get_current_span().is_recording():  # a step that prefills a traced request
             with _tracer.start_as_current_span("gpu_worker.forward", attributes={
                 "radixmesh.step": msg.step, "radixmesh.batch_size": len(msg.rows),
                 "radixmesh.tokens": len(msg.input_ids),
             }):
-                out = await self._run(msg)
+                out, elapsed = await self._run(msg)
         else:
-            out = await self._run(msg)
-        elapsed = time.perf_counter() - start
+            out, elapsed = await self._run(msg)
         prefill = bool(msg.extend_lens) and max(msg.extend_lens) > 1
         FORWARD_SECONDS.labels("prefill" if prefill else "decode").observe(elapsed)
         return ForwardResult(step=msg.step, next_token_ids=out.next_token_ids, forward_ms=elapsed * 1e3,
@@ -143,9 +144,15 @@ class WorkerService:
                              copy_ms=self.runner.kv_copies.last_seconds * 1e3)
 
     async def _run(self, msg: ForwardBatch):
-        """``runner.run(msg)`` on the compute thread (with this task's context, as to_thread would)."""
+        """``runner.run(msg)`` on the compute thread (with this task's context, as to_thread
+        would), and its seconds there: not the wait behind the step before it."""
         ctx = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(self._compute, ctx.run, self.runner.run, msg)
+        return await asyncio.get_running_loop().run_in_executor(self._compute, ctx.run, self._timed, msg)
+
+    def _timed(self, msg: ForwardBatch):
+        start = time.perf_counter()
+        out = self.runner.run(msg)
+        return out, time.perf_counter() - start
 
     def _update_detail(self) -> None:
         self.detail.update(

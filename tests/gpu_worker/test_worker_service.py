@@ -118,6 +118,45 @@ async def test_lease_lapses_and_leases_answered_during_forward(nats_server, subj
         await bus.close()
 
 
+async def test_the_step_sent_ahead_waits_on_the_worker_not_on_the_bus(
+        nats_server, subject_prefix, runner, tokenizer, monkeypatch):
+    """With overlap the scheduler sends step N+1 while N runs: the worker takes it in
+    (decoded, queued behind N) before N ends, then runs it in order with N's token."""
+    subjects, bus, _, worker = await _start(nats_server, subject_prefix, runner)
+    entered, real_run, real_enter = threading.Event(), runner.run, worker._run
+    waited: list[bool] = []
+
+    async def enter(msg):
+        if msg.step == 11:
+            entered.set()
+        return await real_enter(msg)
+
+    def run(msg):
+        if msg.step == 10:
+            waited.append(entered.wait(timeout=5))
+            time.sleep(0.4)  # step 11 waits behind this one
+        return real_run(msg)
+
+    monkeypatch.setattr(worker, "_run", enter)
+    monkeypatch.setattr(runner, "run", run)
+    try:
+        await bus.request(subjects.worker_adopt("w1"), AdoptRequest(scheduler_id="s1", lease_s=30), WorkerInfo)
+        first = _prefill(tokenizer, "The capital of France is", row=5, first_slot=400, step=10)
+        ahead = ForwardBatch(step=11, new_rows=[], rows=[5], prefix_lens=[len(first.input_ids)], extend_lens=[1],
+                             input_ids=[-1], out_slots=[450])  # -1: the token step 10 samples
+        sent = [asyncio.create_task(bus.request(subjects.worker_forward("w1"), b, ForwardResult, timeout=30))
+                for b in (first, ahead)]
+        r10, r11 = await asyncio.gather(*sent)
+        assert waited == [True]  # step 11 was on the worker while step 10 ran
+        assert (r10.step, r11.step) == (10, 11)
+        assert tokenizer.decode(r10.next_token_ids + r11.next_token_ids) == " Paris."
+        # the reported time is the step's own, not its wait behind step 10
+        assert r10.forward_ms >= 400 and 0 < r11.forward_ms < 400
+    finally:
+        await worker.stop()
+        await bus.close()
+
+
 async def test_announced_patterns_compile_before_their_rows(nats_server, subject_prefix, runner):
     subjects, bus, _, worker = await _start(nats_server, subject_prefix, runner)
     compiler = runner.constraints.compiler
