@@ -20,6 +20,7 @@ from libs.protocol.subjects import check_token
 from libs.transfer.mooncake import MooncakeUnavailable, unavailable
 
 from .compiled import DEFAULT_SIZES
+from .compute import ComputeThread
 from .model_runner import ModelRunner, RunnerConfig
 from .precision import DTYPE_CHOICES
 from .kv_service import serve_kv_transfer
@@ -93,15 +94,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def set_compute_threads(requested: int) -> int:
-    """Torch's intra-op threads (``requested``, or one per core: with --thread-choice auto
-    a step moves to fewer where the other services' load makes all of them slower) and a
-    single inter-op thread (the forward runs in one thread; an idle pool would only compete)."""
+def compute_thread(requested: int) -> ComputeThread:
+    """The compute thread with torch's intra-op threads (``requested``, or one per core: with
+    --thread-choice auto a step moves to fewer where the other services' load makes all of
+    them slower), and a single inter-op thread (the forward runs in one thread; an idle pool
+    would only compete)."""
     threads = requested if requested > 0 else max(1, os.cpu_count() or 1)
-    torch.set_num_threads(threads)
     with contextlib.suppress(RuntimeError):  # NOTE: settable once, before any inter-op work
         torch.set_num_interop_threads(1)
-    return threads
+    return ComputeThread(threads)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,12 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     config = common_config(args)
     setup_logging(SERVICE, config.log_level)
     serve_metrics(args.metrics_port, args.metrics_host)
-    threads = set_compute_threads(args.threads)
+    compute = compute_thread(args.threads)
+    threads = compute.threads
     if args.kv_transfer == "mooncake" and unavailable():  # NOTE: before the model loads
         raise SystemExit(f"{SERVICE}: --kv-transfer mooncake: {unavailable()}")
     try:
         check_token(args.worker_id)
-        runner = ModelRunner(RunnerConfig(
+        runner = compute.call(ModelRunner, RunnerConfig(  # NOTE: on the thread that runs its steps
             model=str(resolve_model(args.model)), dtype=args.dtype, kv_slots=args.kv_slots, max_requests=args.max_requests,
             attention_backend=args.attention_backend, device=args.device, max_model_len=args.max_model_len,
             host_kv_slots=args.host_kv_slots, compile=args.compile == "on",
@@ -128,12 +130,12 @@ def main(argv: list[str] | None = None) -> None:
         runner.dtype_choice.reason, runner.attn.name, args.kv_slots, runner.kv.nbytes() / 2**20, threads,
     )
     if runner.compiled is not None:
-        runner.compiled.warm_up(logging.getLogger(SERVICE).info)
+        compute.call(runner.compiled.warm_up, logging.getLogger(SERVICE).info)
 
     async def body(ctx: ServiceContext) -> None:
         worker = WorkerService(
             runner, args.worker_id, served_name(args.model), ctx.subjects, args.announce_interval, ctx.detail,
-            role=args.role,
+            role=args.role, compute=compute,
         )
         data_bus = await open_data_bus(ctx)  # NOTE: bulk bytes (pages, KV transfers) off the control connection
         await serve_store(ctx, worker, StoreConfig(args.kv_store, args.kv_store_bucket, args.kv_store_max_bytes,

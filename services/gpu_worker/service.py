@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 
+import torch
 from opentelemetry import trace
 from prometheus_client import Histogram
 
@@ -20,6 +19,7 @@ from libs.protocol.subjects import Subjects, check_token
 from libs.transfer import KVLayout, shm
 
 from .adoption import Adoption
+from .compute import ComputeThread
 from .model_runner import ModelRunner
 
 log = logging.getLogger("gpu_worker")
@@ -40,16 +40,15 @@ class WorkerService:
     ``worker_adopt(id)`` (AdoptRequest -> WorkerInfo, 409 already_adopted),
     ``worker_lease(id)`` (LeaseRenew -> WorkerInfo, 409 not_adopted),
     ``worker_forward(id)`` (ForwardBatch -> ForwardResult; 409 when not adopted,
-    400 for an invalid batch). Forwards run one at a time on one thread of their own: on
-    the default pool two threads took turns, each the master of its own OpenMP team, and
-    the idle team's threads competed with the working one's (batch-8 steps 35-37 ms there,
-    33 ms here, `radixmesh up` in bf16 on 2 cores).
+    400 for an invalid batch). Forwards run one at a time on ``compute``, the thread the
+    model loaded on (compute.py: one OpenMP team per process); without one, on a thread of
+    their own at the caller's torch thread count.
     """
 
     def __init__(
         self, runner: ModelRunner, worker_id: str, model_name: str, subjects: Subjects,
         announce_s: float = 1.0, detail: dict[str, str] | None = None, role: str = "both",
-        host_id: str | None = None,
+        host_id: str | None = None, compute: ComputeThread | None = None,
     ) -> None:
         self.runner = runner
         self.worker_id = check_token(worker_id)
@@ -63,7 +62,7 @@ class WorkerService:
         self.detail = detail if detail is not None else {}
         self._bus: Bus | None = None
         self._task: asyncio.Task | None = None
-        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self.compute = compute if compute is not None else ComputeThread(torch.get_num_threads(), release_caller=False)
 
     def info(self) -> WorkerInfo:
         r = self.runner
@@ -94,7 +93,7 @@ class WorkerService:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._compute.shutdown(wait=False)
+        self.compute.shutdown()
 
     async def _announce_loop(self) -> None:
         while True:
@@ -144,10 +143,9 @@ class WorkerService:
                              copy_ms=self.runner.kv_copies.last_seconds * 1e3)
 
     async def _run(self, msg: ForwardBatch):
-        """``runner.run(msg)`` on the compute thread (with this task's context, as to_thread
-        would), and its seconds there: not the wait behind the step before it."""
-        ctx = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(self._compute, ctx.run, self._timed, msg)
+        """``runner.run(msg)`` on the compute thread, and its seconds there: not the wait
+        behind the step before it."""
+        return await self.compute.run(self._timed, msg)
 
     def _timed(self, msg: ForwardBatch):
         start = time.perf_counter()
