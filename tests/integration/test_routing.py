@@ -23,8 +23,10 @@ DOC = ("Section 4 of the handbook covers travel: book trains two weeks ahead, ke
        "receipt, and file expenses within thirty days of returning. ") * 8
 
 
-async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict:
-    """Returns {"ok", "started"}: whether it finished and whether output arrived first."""
+async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int,
+                 output: asyncio.Event | None = None) -> dict:
+    """Returns {"ok", "started"}: whether it finished and whether output arrived first;
+    sets ``output`` at its first text."""
     started = False
     try:
         async with client.stream("POST", "/v1/completions", json={
@@ -39,6 +41,8 @@ async def stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dic
                 if "error" in event:
                     return {"ok": False, "started": started}
                 started = started or bool(event["choices"] and event["choices"][0]["text"])
+                if started and output is not None:
+                    output.set()
         return {"ok": True, "started": started}
     except httpx.HTTPError:
         return {"ok": False, "started": started}
@@ -67,10 +71,13 @@ async def test_affinity_failover_and_join(tmp_path):
             home = max(counts, key=counts.get)
             assert counts[home] == 4, counts
 
-            # queue work on the home worker, then kill it
-            tasks = [asyncio.create_task(stream(client, DOC + f"Q{i}: summarise.", 24))
+            # queue work on the home worker, then kill it as soon as it streams: the two
+            # running requests have output, the four queued behind them none (NOTE: a fixed
+            # sleep let a fast worker finish all six before the kill)
+            output = asyncio.Event()
+            tasks = [asyncio.create_task(stream(client, DOC + f"Q{i}: summarise.", 48, output))
                      for i in range(6)]
-            await asyncio.sleep(1.5)
+            await asyncio.wait_for(output.wait(), 120)
             cluster.stack.kill(cluster.worker_proc(home))
             killed = time.monotonic()
             results = await asyncio.gather(*tasks)

@@ -116,14 +116,18 @@ async def test_one_request_is_one_trace_across_every_service(stack, client):
     assert decode["events"][0]["name"] == "first_token"
 
 
+A_TOKENS = 160
+
+
 async def test_queue_wait_span_covers_the_measured_wait(stack, client):
-    """With one running request at a time, B waits in the queue while A decodes."""
+    """With one running request at a time, B waits in the queue while A decodes (160
+    tokens: over a second even on a fast machine)."""
     first_token = asyncio.Event()
     a_end = 0.0
 
     async def run_a() -> None:
         nonlocal a_end
-        body = {"model": MODEL, "prompt": "Count: one, two,", "max_tokens": 40, "temperature": 0,
+        body = {"model": MODEL, "prompt": "Count: one, two,", "max_tokens": A_TOKENS, "temperature": 0,
                 "ignore_eos": True, "stream": True}
         async with client.stream("POST", "/v1/completions", json=body) as resp:
             async for line in resp.aiter_lines():
@@ -146,7 +150,7 @@ async def test_queue_wait_span_covers_the_measured_wait(stack, client):
     queued = (queue["end_ns"] - queue["start_ns"]) / 1e9
     assert waited - 0.25 <= queued <= waited + 0.25, (queued, waited)
     a_request = [s for s in stack.spans.snapshot() if s["name"] == "scheduler.request"
-                 and s["attributes"].get("radixmesh.completion_tokens") == 40]
+                 and s["attributes"].get("radixmesh.completion_tokens") == A_TOKENS]
     assert len(a_request) == 1
     assert queue["start_ns"] < a_request[0]["end_ns"] <= queue["end_ns"]  # admitted when A ended
 
