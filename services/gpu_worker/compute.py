@@ -50,6 +50,17 @@ class ComputeThread:
         self._pool.shutdown(wait=False)
 
 
+async def side_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``asyncio.to_thread`` for torch work beside the steps (KV gathers for a transfer):
+    on one torch thread, so it does not start a team that competes with the compute one's."""
+    return await asyncio.to_thread(_single, fn, *args)
+
+
+def _single(fn: Callable[..., T], *args: Any) -> T:
+    _pin(1)
+    return fn(*args)
+
+
 def _pin(threads: int) -> None:
     """The calling thread's torch thread count, fixed (see the module's note)."""
     torch.get_num_threads()  # NOTE: the first read takes the shared count; ours comes after

@@ -33,6 +33,7 @@ from libs.transfer.chunks import Chunk, chunk_count, iter_chunks
 from libs.transfer.codec import export_payload, export_wire
 from libs.transfer.mooncake import MooncakeEngine
 
+from .compute import side_thread
 from .kv_transfer import (
     MOONCAKE, MOONCAKE_UNAVAILABLE, NO_ROUTE, REFUSED, SHM_UNAVAILABLE, TIMEOUT, TRANSFER_BYTES,
     TRANSFER_FAILURES, TRANSFER_SECONDS, KVTransferConfig, chunk_limit, reason_of,
@@ -111,7 +112,7 @@ class KVSender:
             except _Failed as exc:
                 if not self._falls_back(msg, path, exc.error):
                     raise
-        layout, payload = await asyncio.to_thread(self._export, msg.slots)
+        layout, payload = await side_thread(self._export, msg.slots)
         return await self._push_nats(msg, layout, payload)
 
     def _falls_back(self, msg: KVSend, path: str, error: str) -> bool:
@@ -149,7 +150,7 @@ class KVSender:
         """Gather straight into the shared-memory file (in a thread), then hand it over."""
         name = shm.new_name(self.worker.worker_id)
         slots = torch.tensor(msg.slots, dtype=torch.int64)
-        writing = asyncio.ensure_future(asyncio.to_thread(shm.export, name, self.worker.runner.kv, slots))
+        writing = asyncio.ensure_future(side_thread(shm.export, name, self.worker.runner.kv, slots))
         try:
             nbytes = await asyncio.shield(writing)
             ready = KVShmReady(transfer_id=msg.transfer_id, name=name, nbytes=nbytes)
@@ -166,7 +167,7 @@ class KVSender:
     async def _push_mooncake(self, msg: KVSend) -> KVSendReply:
         """Gather the sealed buffer (in a thread), write it into the receiver's landing buffer."""
         try:
-            wire = await asyncio.to_thread(export_wire, self.worker.runner.kv, torch.tensor(msg.slots, dtype=torch.int64))
+            wire = await side_thread(export_wire, self.worker.runner.kv, torch.tensor(msg.slots, dtype=torch.int64))
         except TransferError as exc:
             raise _Failed(f"{REFUSED}: {exc}") from None
         subject = self.worker.subjects.worker_kv_land(msg.dest_worker)

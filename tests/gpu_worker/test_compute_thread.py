@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from services.gpu_worker.compute import ComputeThread
+from services.gpu_worker.compute import ComputeThread, side_thread
 
 
 @pytest.fixture
@@ -54,5 +54,15 @@ async def test_work_runs_in_order_with_the_callers_context(main_threads):
         assert seen == [(i, "caller") for i in range(20)]
         with pytest.raises(ValueError):
             ComputeThread(0)
+    finally:
+        compute.shutdown()
+
+
+async def test_side_threads_run_torch_on_one_thread(main_threads):
+    compute = ComputeThread(2)
+    try:
+        assert await side_thread(_count_after_parallel_work) == 1
+        assert await side_thread(lambda a, b: a + b, 2, 3) == 5
+        assert compute.call(_count_after_parallel_work) == 2  # the compute thread keeps its team
     finally:
         compute.shutdown()
