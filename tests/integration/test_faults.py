@@ -229,6 +229,7 @@ async def test_nats_restart_fast_503s_then_every_request_succeeds(cluster):
     assert all(code.startswith("broker_unavailable") for _, _, code in during), during
     worst = max(latency for _, latency, _ in during)
     assert worst < 1.0, during
-    assert [status for status, _, _ in after] == [200] * 20, after
+    refused = [(i, status, code) for i, (status, _, code) in enumerate(after) if status != 200]
+    assert not refused, refused
     print(f"\nnats restart: {len(during)} requests during the outage, all 503 "
           f"(slowest {worst * 1e3:.0f} ms); serving {serving_s:.2f}s after the restart")
