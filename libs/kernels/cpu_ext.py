@@ -26,12 +26,15 @@ from .errors import BackendNotAvailable
 
 log = logging.getLogger("radixmesh.kernels")
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp", "ops.cpp", "rope.cpp"]
+SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp", "ops.cpp", "rope.cpp", "gemm_bf16.cpp"]
 # fast-math lets the reductions vectorise (the softmax's exp is our own, vec.h); 512-bit
 # vectors where the CPU has them (GCC prefers 256 on some that do). Compile
 # flags only: the link does not pull in crtfastmath, so the process's FP mode is untouched.
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp-simd")
-LDFLAGS = ("-lmvec",)
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp")
+# NOTE: -fopenmp links libgomp.so.1 by soname: the loader binds it to the copy torch already
+# loaded (torch/lib/libgomp.so.1), so at::parallel_for here runs on torch's thread team and
+# follows torch.set_num_threads. Without it the kernels' parallel_for loops ran serially.
+LDFLAGS = ("-lmvec", "-fopenmp")
 
 
 def build_key() -> str:

@@ -50,3 +50,10 @@ inline void check_pool_args(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == q.size(2) && q.size(1) % k.size(1) == 0, "head shapes do not match");
   TORCH_CHECK(table.scalar_type() == at::kLong && table.is_contiguous() && table.dim() == 2, "table must be 2-d int64");
 }
+
+// gemm_bf16.cpp: bf16 linear over weights packed by libs/kernels/gemm.py (AVX512-BF16)
+bool gemm_bf16_available();
+// how many of torch's threads a parallel_for over ``items`` ran on (the build's OpenMP check)
+int64_t parallel_team(int64_t items);
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
+                       const c10::optional<at::Tensor>& bias);

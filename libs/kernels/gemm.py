@@ -1,0 +1,56 @@
+"""bf16 linear layers in C++ on AVX512-BF16 (``csrc/gemm_bf16.cpp``), for CPUs without AMX.
+
+A weight [out, in] is packed once into tiles of 64 output columns, each ``in / 2`` rows of
+64 column pairs (int32: elements ``2k`` and ``2k + 1`` of a row in its low and high half),
+the operand layout of the dot instruction; ``linear`` then streams each tile once per call
+whatever the batch. Where oneDNN has AMX its own packed matmul is faster for large batches
+and stays in use (``services/gpu_worker/weights.py`` decides).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from . import cpu_ext
+from .errors import BackendNotAvailable
+
+TILE = 64
+
+
+@dataclass(frozen=True)
+class TiledWeight:
+    """A bf16 weight in the kernel's tiles; ``shape`` is the plain weight's [out, in]."""
+
+    tiles: torch.Tensor  # [ceil(out / 64), in / 2, 64] int32
+    shape: tuple[int, int]
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernel is built here (the C++ module loads and the CPU has AVX512-BF16)."""
+    try:
+        return bool(cpu_ext.load().gemm_bf16())
+    except BackendNotAvailable:
+        return False
+
+
+def pack(weight: torch.Tensor) -> TiledWeight:
+    """``weight`` [out, in] (bf16, ``in`` even) in the kernel's tiles."""
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.shape[1] % 2:
+        raise ValueError(f"pack takes a 2-d bf16 weight with an even width, not {weight.dtype} {tuple(weight.shape)}")
+    out, width = weight.shape
+    tiles = -(-out // TILE)
+    pairs = weight.contiguous().view(torch.int32)  # NOTE: [out, in / 2]: little-endian pairs
+    padded = torch.zeros(tiles * TILE, width // 2, dtype=torch.int32, device=weight.device)
+    padded[:out] = pairs
+    return TiledWeight(padded.view(tiles, TILE, width // 2).transpose(1, 2).contiguous(), (out, width))
+
+
+def linear(x: torch.Tensor, w: TiledWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` in bf16 (fp32 accumulation), ``x`` [M, in] bf16."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return cpu_ext.load().linear_bf16(x, w.tiles, w.shape[0], bias)
