@@ -12,7 +12,7 @@ from libs.kernels import ops as torch_ops
 from libs.kernels.ops import Rotary, rope_inv_freq
 
 from .config import ModelConfig
-from .weights import LayerWeights, can_pack, linear, load_weights, pack_weights
+from .weights import LayerWeights, linear, linear_kernel, load_weights, pack_weights
 
 
 class LlamaModel:
@@ -22,15 +22,18 @@ class LlamaModel:
     through the final norm and the LM head.
     """
 
-    def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", pack: bool = True) -> None:
+    def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", pack: bool = True,
+                 kernel: str = "auto") -> None:
         self.config = cfg = ModelConfig.from_dir(path)
         self.dtype, self.device = dtype, torch.device(device)
         self.weights = load_weights(path, cfg, dtype, device)
         # NOTE: packed (oneDNN-blocked) weights are opaque to torch.compile: a compiled
         # step keeps plain ones
-        self.packed = pack and can_pack(dtype, self.device)
+        # ``kernel``: the linears' packed form (weights.linear_kernel)
+        self.linear_kernel = linear_kernel(kernel, dtype, self.device) if pack else "plain"
+        self.packed = self.linear_kernel != "plain"
         if self.packed:
-            pack_weights(self.weights)
+            pack_weights(self.weights, self.linear_kernel)
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.rotary = Rotary(inv_freq, cfg.max_position_embeddings, device)
         self._q_heads = cfg.num_heads

@@ -38,7 +38,8 @@ class RunnerConfig:
     compile: bool = False  # the model's pieces between attention calls compiled (compiled.py)
     compile_sizes: tuple[int, ...] = DEFAULT_SIZES  # token-count buckets of the compiled step
     compile_ops: str = "torch"  # the compiled pieces' elementwise ops: torch (inductor's) or cpp (compiled.py)
-    pack_weights: bool = True  # bf16 linears on oneDNN's blocked layout where it has bf16 (weights.py)
+    pack_weights: bool = True  # bf16 linears on a packed layout (weights.py)
+    linear_kernel: str = "auto"  # which: auto, onednn or tiles (weights.linear_kernel)
     # CPU: the most compute threads a step runs on (0: torch's setting, untouched); with
     # adaptive_threads each step runs on 1, half or all of them, whichever was fastest lately
     # for steps of its size (threads.py)
@@ -71,7 +72,8 @@ class ModelRunner:
         self.dtype_choice = resolve_dtype(config.dtype, self.device)
         self.config = config = replace(config, dtype=self.dtype_choice.name)
         self.path = Path(config.model)
-        self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device, pack=config.pack_weights and not config.compile)
+        self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device,
+                                 pack=config.pack_weights and not config.compile, kernel=config.linear_kernel)
         mc = self.model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, DTYPES[config.dtype], self.device)

@@ -9,7 +9,10 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from libs.kernels import gemm
+
 from .config import ModelConfig
+from .precision import cpu_flags
 
 
 @dataclass
@@ -92,12 +95,17 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
     return torch.cat([r.get(name) for name in names], dim=0).contiguous()
 
 
-# -- packed weights: bf16 linears on oneDNN's blocked layout (CPU) ------------------------
+# -- packed weights: bf16 linears on a layout made for the kernel that runs them ------------
 #
-# torch's plain bf16 F.linear on the CPU re-lays the weight out for oneDNN on every
-# call; packing once makes batch-1 decode's matmuls ~1.5x faster here (Sapphire Rapids).
+# torch's plain bf16 F.linear on the CPU re-lays the weight out for oneDNN on every call.
+# Two packed forms, chosen once per model (``linear_kernel``):
+#   onednn: oneDNN's blocked layout (where it has AMX, its large-batch matmuls win);
+#   tiles:  libs.kernels.gemm, on AVX512-BF16's dot instruction (CPUs without AMX): batch-1
+#           decode at about the cores' memory bandwidth, 1.2-1.45x oneDNN's gemv here, and
+#           level with it at prefill sizes.
 
 _LINEARS = ("qkv", "o_proj", "gate_up", "down")
+LINEAR_KERNELS = ("auto", "onednn", "tiles")
 
 
 @dataclass(frozen=True)
@@ -111,21 +119,43 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack(w: torch.Tensor) -> PackedWeight:
+def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None) -> str:
+    """The packed form bf16 weights take here: ``onednn`` or ``tiles`` (``auto``: tiles on
+    CPUs with AVX512-BF16 and no AMX, where the kernel is built); ``plain`` where neither
+    packs. Raises ValueError for an unknown name or a kernel this machine lacks."""
+    if name not in LINEAR_KERNELS:
+        raise ValueError(f"linear kernel {name!r} not one of {', '.join(LINEAR_KERNELS)}")
+    if not can_pack(dtype, device):
+        return "plain"
+    tiles = device.type == "cpu" and gemm.available()
+    if name == "auto":
+        flags = cpu_flags() if flags is None else flags
+        return "tiles" if tiles and "avx512_bf16" in flags and "amx_bf16" not in flags else "onednn"
+    if name == "tiles" and not tiles:
+        raise ValueError("linear kernel 'tiles' needs the C++ kernels built on a CPU with AVX512-BF16")
+    return name
+
+
+def pack(w: torch.Tensor, kernel: str = "onednn") -> PackedWeight | gemm.TiledWeight:
+    if kernel == "tiles":
+        return gemm.pack(w)
     return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(w.contiguous()), tuple(w.shape))
 
 
-def pack_weights(w: ModelWeights) -> None:
+def pack_weights(w: ModelWeights, kernel: str = "onednn") -> None:
     """Replace every linear weight by its packed form (the LM head gets its own copy:
     the embedding it is tied to stays plain for the lookup)."""
     for layer in w.layers:
         for name in _LINEARS:
-            setattr(layer, name, pack(getattr(layer, name)))
-    w.lm_head = pack(w.lm_head)
+            setattr(layer, name, pack(getattr(layer, name), kernel))
+    w.lm_head = pack(w.lm_head, kernel)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight | gemm.TiledWeight,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` over a plain or a packed weight."""
+    if isinstance(w, gemm.TiledWeight):
+        return gemm.linear(x, w, bias)
     if isinstance(w, PackedWeight):
         return torch.ops.mkldnn._linear_pointwise(x, w.packed, bias, "none", [], "")
     return F.linear(x, w, bias)

@@ -94,12 +94,20 @@ def test_greedy_decode_agrees_with_hf_bf16_for_most_prompts(bf16_runner, hf_bf16
     assert min(first_diff) >= 1, first_diff
 
 
-def test_packed_weights_match_plain_ones(bf16_runner, tokenizer):
+@pytest.mark.parametrize("kernel", ["onednn", "tiles"])
+def test_packed_weights_match_plain_ones(bf16_runner, tokenizer, kernel):
+    from libs.kernels import gemm
     from services.gpu_worker.weights import PackedWeight, can_pack
 
     if not can_pack(torch.bfloat16, torch.device("cpu")):
         pytest.skip("oneDNN has no bf16 on this CPU: weights stay plain")
-    assert bf16_runner.model.packed and isinstance(bf16_runner.model.weights.layers[0].qkv, PackedWeight)
+    if kernel == "tiles" and not gemm.available():
+        pytest.skip("the tiles kernel needs AVX512-BF16")
+    packed = ModelRunner(RunnerConfig(model=str(bf16_runner.path), kv_slots=256, max_requests=2, dtype="bfloat16",
+                                      linear_kernel=kernel))
+    form = gemm.TiledWeight if kernel == "tiles" else PackedWeight
+    assert packed.model.linear_kernel == kernel and isinstance(packed.model.weights.layers[0].qkv, form)
+    assert isinstance(packed.model.weights.lm_head, form)
     plain = ModelRunner(RunnerConfig(model=str(bf16_runner.path), kv_slots=256, max_requests=2, dtype="bfloat16",
                                      pack_weights=False))
     assert not plain.model.packed
@@ -107,6 +115,6 @@ def test_packed_weights_match_plain_ones(bf16_runner, tokenizer):
     for n in (len(ids), 1):  # a prefill, and one token (the gemv shape)
         batch = ForwardBatch(step=0, new_rows=[NewRow(row=1, **GREEDY)], rows=[1], prefix_lens=[0],
                              extend_lens=[n], input_ids=ids[:n], out_slots=list(range(n)))
-        ours, ref = bf16_runner.logits(batch)[0], plain.logits(batch)[0]
+        ours, ref = packed.logits(batch)[0], plain.logits(batch)[0]
         assert float((ours - ref).abs().max() / ref.abs().max()) < 2e-2
         assert int(ours.argmax()) == int(ref.argmax())

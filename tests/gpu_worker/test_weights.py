@@ -1,0 +1,51 @@
+"""Which packed form bf16 linears take (weights.linear_kernel), and linear's dispatch on it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from libs.kernels import gemm
+from services.gpu_worker import weights
+from services.gpu_worker.weights import PackedWeight, can_pack, linear, linear_kernel, pack
+
+CPU = torch.device("cpu")
+ZEN4 = frozenset({"avx512f", "avx512_bf16"})
+SAPPHIRE_RAPIDS = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+
+needs_bf16 = pytest.mark.skipif(not can_pack(torch.bfloat16, CPU), reason="oneDNN has no bf16 on this CPU")
+
+
+@needs_bf16
+def test_auto_takes_the_tiles_kernel_without_amx_and_onednn_with_it(monkeypatch):
+    monkeypatch.setattr(gemm, "available", lambda: True)
+    assert linear_kernel("auto", torch.bfloat16, CPU, ZEN4) == "tiles"
+    assert linear_kernel("auto", torch.bfloat16, CPU, SAPPHIRE_RAPIDS) == "onednn"
+    assert linear_kernel("auto", torch.bfloat16, CPU, frozenset({"avx2"})) == "onednn"
+    monkeypatch.setattr(gemm, "available", lambda: False)  # no compiler: the C++ module did not build
+    assert linear_kernel("auto", torch.bfloat16, CPU, ZEN4) == "onednn"
+    with pytest.raises(ValueError, match="AVX512-BF16"):
+        linear_kernel("tiles", torch.bfloat16, CPU, ZEN4)
+
+
+def test_fp32_and_unknown_names():
+    assert linear_kernel("auto", torch.float32, CPU, ZEN4) == "plain"
+    assert linear_kernel("tiles", torch.float32, CPU, ZEN4) == "plain"
+    with pytest.raises(ValueError, match="not one of"):
+        linear_kernel("mkl", torch.bfloat16, CPU)
+
+
+@needs_bf16
+@pytest.mark.parametrize("kernel", ["onednn", "tiles"])
+def test_linear_runs_each_packed_form_like_f_linear(kernel):
+    if kernel == "tiles" and not gemm.available():
+        pytest.skip("the tiles kernel needs AVX512-BF16")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 96, generator=gen).bfloat16()
+    w, bias = torch.randn(80, 96, generator=gen).bfloat16(), torch.randn(80, generator=gen).bfloat16()
+    packed = pack(w, kernel)
+    assert isinstance(packed, gemm.TiledWeight if kernel == "tiles" else PackedWeight)
+    ref = torch.nn.functional.linear(x.float(), w.float(), bias.float())
+    got = linear(x, packed, bias)
+    assert got.dtype == torch.bfloat16 and float((got.float() - ref).abs().max()) < 0.1
+    assert weights.linear(x, w).shape == (5, 80)  # a plain weight still goes to F.linear
