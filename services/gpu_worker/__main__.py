@@ -26,6 +26,7 @@ from .precision import DTYPE_CHOICES
 from .kv_service import serve_kv_transfer
 from .kv_transfer import ROLES, TRANSFER_MODES, KVTransferConfig
 from .service import WorkerService
+from .weights import LINEAR_KERNELS
 from .store_service import STORE_KINDS, StoreConfig, open_data_bus, serve_store
 
 SERVICE = "gpu_worker"
@@ -73,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--thread-choice", choices=("auto", "fixed"), default=env("--thread-choice", "auto"),
                    help="auto: each step runs on 1, half or all of --threads, whichever has run steps of its "
                         "size fastest lately (measured as it serves); fixed: always --threads")
+    p.add_argument("--linear-kernel", choices=LINEAR_KERNELS, default=env("--linear-kernel", "auto"),
+                   help="bf16 linears on the CPU: tiles (AVX512-BF16's dot instruction, our C++ kernel) or "
+                        "onednn (oneDNN's packed matmul); auto: tiles on CPUs with AVX512-BF16 and no AMX")
     p.add_argument("--compile", choices=("on", "off"), default=env("--compile", "off"),
                    help="compile the model's pieces between attention calls (inductor, cached on disk)")
     p.add_argument("--compile-sizes", default=env("--compile-sizes", ",".join(map(str, DEFAULT_SIZES))),
@@ -121,13 +125,13 @@ def main(argv: list[str] | None = None) -> None:
             attention_backend=args.attention_backend, device=args.device, max_model_len=args.max_model_len,
             host_kv_slots=args.host_kv_slots, compile=args.compile == "on",
             compile_sizes=tuple(int(n) for n in args.compile_sizes.split(",")),
-            threads=threads, adaptive_threads=args.thread_choice == "auto",
+            threads=threads, adaptive_threads=args.thread_choice == "auto", linear_kernel=args.linear_kernel,
         ))
     except (BackendNotAvailable, ModelNotFoundError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{SERVICE}: {exc}") from None
     logging.getLogger(SERVICE).info(
-        "loaded %s (%s [%s], %s attention, %d KV slots, %.0f MiB KV, %d compute threads)", runner.path, runner.config.dtype,
-        runner.dtype_choice.reason, runner.attn.name, args.kv_slots, runner.kv.nbytes() / 2**20, threads,
+        "loaded %s (%s [%s], %s linears, %s attention, %d KV slots, %.0f MiB KV, %d compute threads)", runner.path,
+        runner.config.dtype, runner.dtype_choice.reason, runner.model.linear_kernel, runner.attn.name, args.kv_slots, runner.kv.nbytes() / 2**20, threads,
     )
     if runner.compiled is not None:
         compute.call(runner.compiled.warm_up, logging.getLogger(SERVICE).info)
