@@ -12,6 +12,11 @@ batch 64.
 average of seconds per token on one thread, on half of them and on all of them; each step
 runs on the fastest, and every ``explore_every``-th step of a size tries the next of the
 others, so a change in the machine's load moves the choice within a few dozen steps.
+
+A size seen for the first time starts from the nearest size already measured on every count
+(its ratios: the counts' seconds per token, rescaled by this size's first measurement), so a
+cold worker's first prefill chunks do not each run once on one thread to find out what the
+chunk before them showed; with no such size yet it tries the counts from the largest down.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class _Size:
     per_token: dict[int, float] = field(default_factory=dict)
     steps: int = 0
     explored: int = 0  # tries of the other counts so far (they take turns)
+    own: set[int] = field(default_factory=set)  # counts timed on this size (the rest of per_token: a neighbour's prior)
 
 
 class ThreadChooser:
@@ -51,11 +57,11 @@ class ThreadChooser:
         """The thread count for a step of ``tokens`` tokens."""
         if len(self.counts) == 1:
             return self.counts[0]
-        size = self._sizes.setdefault(self.size_of(tokens), _Size())
+        size = self._size(self.size_of(tokens))
         size.steps += 1
         untried = [n for n in self.counts if n not in size.per_token]
         if untried:
-            return untried[0]
+            return untried[-1]
         best = min(self.counts, key=size.per_token.__getitem__)
         if size.steps % self.explore_every == 0:
             others = [n for n in self.counts if n != best]
@@ -67,10 +73,25 @@ class ThreadChooser:
         """How long a step of ``tokens`` tokens took on ``threads`` threads."""
         if len(self.counts) == 1 or threads not in self.counts:
             return
-        size = self._sizes.setdefault(self.size_of(tokens), _Size())
+        size = self._size(self.size_of(tokens))
         value = seconds / max(1, tokens)
-        old = size.per_token.get(threads)
+        if not size.own and threads in size.per_token:  # NOTE: the prior keeps its ratios, on this size's scale
+            scale = value / size.per_token[threads]
+            size.per_token = {n: v * scale for n, v in size.per_token.items()}
+        old = size.per_token.get(threads) if threads in size.own else None
         size.per_token[threads] = value if old is None else old + self.alpha * (value - old)
+        size.own.add(threads)
+
+    def _size(self, key: int) -> _Size:
+        """The record of step-size class ``key``; a new one copies the nearest class measured
+        on every count."""
+        size = self._sizes.get(key)
+        if size is None:
+            known = [k for k, s in self._sizes.items() if len(s.own) == len(self.counts)]
+            size = self._sizes[key] = _Size()
+            if known:
+                size.per_token = dict(self._sizes[min(known, key=lambda k: (abs(k - key), -k))].per_token)
+        return size
 
     def table(self) -> dict[int, dict[int, float]]:
         """Step size class -> thread count -> moving average of ms per token (for logs)."""

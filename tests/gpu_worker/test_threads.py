@@ -28,9 +28,11 @@ def test_each_size_settles_on_its_own_fastest_count():
     chooser = ThreadChooser(2, explore_every=10)
     small = run(chooser, 1, {1: 0.030, 2: 0.036}, 100)   # 1-row decode: one thread wins
     big = run(chooser, 64, {1: 0.0026, 2: 0.0015}, 100)  # 64-row decode: two win
-    assert small[:2] == [1, 2] and big[:2] == [1, 2]  # each count is measured once first
-    assert small[2:].count(1) >= 88 and big[2:].count(2) >= 88
-    assert 2 in small[10:] and 1 in big[10:]  # the other count is still tried now and then
+    assert small[:2] == [2, 1]  # the first size tries each count once, the largest first
+    assert big[0] == 1  # a new size starts from the nearest measured one's choice ...
+    assert big[10] == 2 and big[11:].count(2) >= 80  # ... until its own try of the other count corrects it
+    assert small[2:].count(1) >= 88
+    assert 2 in small[10:] and 1 in big[11:]  # the other count is still tried now and then
     table = chooser.table()
     assert table[1][1] < table[1][2] and table[7][2] < table[7][1]
 
@@ -49,7 +51,7 @@ def test_a_change_in_the_machine_moves_the_choice():
 def test_three_counts_take_turns_being_tried():
     chooser = ThreadChooser(16, explore_every=4)
     picked = run(chooser, 128, {1: 0.010, 8: 0.002, 16: 0.003}, 80)
-    assert picked[:3] == [1, 8, 16]
+    assert picked[:3] == [16, 8, 1]
     later = picked[3:]
     assert later.count(8) >= 55 and 1 in later and 16 in later
 
@@ -58,3 +60,16 @@ def test_sizes_are_powers_of_two_and_one_thread_is_never_timed():
     assert [ThreadChooser.size_of(n) for n in (0, 1, 2, 3, 4, 7, 8, 1024)] == [1, 1, 2, 2, 3, 3, 4, 11]
     single = ThreadChooser(1)
     assert run(single, 8, {1: 0.01}, 5) == [1] * 5 and single.table() == {}
+
+
+def test_a_new_size_takes_the_nearest_measured_sizes_ratios():
+    """A cold worker's prefill chunks: the first 1024-token chunk must not run on one thread
+    when 512-token chunks already showed two threads twice as fast."""
+    chooser = ThreadChooser(2, explore_every=32)
+    assert run(chooser, 512, {1: 0.002, 2: 0.001}, 3) == [2, 1, 2]
+    assert run(chooser, 1024, {1: 0.002, 2: 0.001}, 5) == [2] * 5
+    single = run(chooser, 1, {1: 0.010, 2: 0.012}, 40)
+    assert single[:31] == [2] * 31  # the nearest measured size said 2 ...
+    assert single[31:] == [1] * 9  # ... until this size's first try of 1 replaced the prior
+    table = chooser.table()
+    assert table[11][1] == pytest.approx(2.0) and table[11][2] == pytest.approx(1.0)  # the prior, rescaled
