@@ -79,3 +79,37 @@ def test_the_kernels_parallel_loops_run_on_torchs_threads():
         assert cpu_ext.load().parallel_team(64) == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_kernels_release_the_gil_while_they_run():
+    """The worker's event loop thread must run while a step computes: another Python thread
+    keeps running through a long kernel call. With the GIL held it would stop for the whole
+    call (it gets the GIL back only around the call, at the 5 ms switch interval)."""
+    import threading
+    import time
+
+    x, w = torch.randn(1024, 1536).bfloat16(), gemm.pack(torch.randn(4096, 1536).bfloat16())
+    gemm.linear(x, w)
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+
+    other = threading.Thread(target=count)
+    other.start()
+    windows = []
+    try:
+        for _ in range(5):
+            start = time.perf_counter()
+            gemm.linear(x, w)
+            windows.append((start, time.perf_counter()))
+    finally:
+        stop.set()
+        other.join()
+    def longest_pause(a: float, b: float) -> float:
+        seen = [a, *(t for t in ticks if a < t < b), b]
+        return max(later - earlier for earlier, later in zip(seen, seen[1:]))
+
+    assert min(longest_pause(a, b) / (b - a) for a, b in windows) < 0.5, windows

@@ -6,15 +6,19 @@
 
 #include "kernels.h"
 
+// NOTE: the kernels run without the GIL (as torch's own ops do): the worker's event loop
+// thread takes in the next step and sends results while a step computes
+static const auto kNoGil = pybind11::call_guard<pybind11::gil_scoped_release>();
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_v1", &paged_decode_v1, "v1 decode attention from the paged KV pool (fp32 output)");
-  m.def("paged_decode", &paged_decode_into, "decode attention from the paged KV pool, into out");
-  m.def("paged_extend", &paged_extend_into, "causal extend attention over a cached prefix from the pool, into out");
-  m.def("rmsnorm", &rmsnorm, "RMSNorm of fp32/bf16/fp16 rows, in fp32");
-  m.def("add_rmsnorm_", &add_rmsnorm_, "x += h, then h = RMSNorm(x), in place, in fp32");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of fp32/bf16/fp16 rows, in fp32");
-  m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k heads of fused QKV rows, in place");
-  m.def("linear_bf16", &linear_bf16, "x @ w.T (+ bias) in bf16 over a weight packed by libs.kernels.gemm");
+  m.def("paged_decode_v1", &paged_decode_v1, "v1 decode attention from the paged KV pool (fp32 output)", kNoGil);
+  m.def("paged_decode", &paged_decode_into, "decode attention from the paged KV pool, into out", kNoGil);
+  m.def("paged_extend", &paged_extend_into, "causal extend attention over a cached prefix from the pool, into out", kNoGil);
+  m.def("rmsnorm", &rmsnorm, "RMSNorm of fp32/bf16/fp16 rows, in fp32", kNoGil);
+  m.def("add_rmsnorm_", &add_rmsnorm_, "x += h, then h = RMSNorm(x), in place, in fp32", kNoGil);
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of fp32/bf16/fp16 rows, in fp32", kNoGil);
+  m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k heads of fused QKV rows, in place", kNoGil);
+  m.def("linear_bf16", &linear_bf16, "x @ w.T (+ bias) in bf16 over a weight packed by libs.kernels.gemm", kNoGil);
   m.def("parallel_team", &parallel_team, "threads an at::parallel_for over n items ran on");
   m.def("gemm_bf16", &gemm_bf16_available, "whether linear_bf16 is built (AVX512-BF16)");
   m.def("amx_bf16", &amx_bf16_available, "whether bf16 products run on oneDNN's brgemm (AMX)");
