@@ -137,7 +137,8 @@ def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: fr
 
 
 def pack(w: torch.Tensor, kernel: str = "onednn") -> PackedWeight | gemm.TiledWeight:
-    if kernel == "tiles":
+    """``w`` in ``kernel``'s form; the tiles take column pairs, so an odd-width weight goes to oneDNN."""
+    if kernel == "tiles" and w.shape[1] % 2 == 0:
         return gemm.pack(w)
     return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(w.contiguous()), tuple(w.shape))
 

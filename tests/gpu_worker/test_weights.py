@@ -49,3 +49,14 @@ def test_linear_runs_each_packed_form_like_f_linear(kernel):
     got = linear(x, packed, bias)
     assert got.dtype == torch.bfloat16 and float((got.float() - ref).abs().max()) < 0.1
     assert weights.linear(x, w).shape == (5, 80)  # a plain weight still goes to F.linear
+
+
+@needs_bf16
+def test_an_odd_width_weight_takes_onednn_under_the_tiles_kernel():
+    if not gemm.available():
+        pytest.skip("the tiles kernel needs AVX512-BF16")
+    w = torch.randn(48, 33).bfloat16()
+    packed = pack(w, "tiles")
+    assert isinstance(packed, PackedWeight)
+    x = torch.randn(3, 33).bfloat16()
+    assert float((linear(x, packed).float() - x.float() @ w.float().T).abs().max()) < 0.1
