@@ -131,7 +131,7 @@ class ModelRunner:
         next_ids = self._sample(logits[:b], step)
         if threads:
             self.thread_chooser.record(tokens, threads, time.perf_counter() - start)
-        self.last_tokens[torch.from_numpy(step.rows).to(self.device)] = next_ids
+        self.last_tokens[self._h2d(step.rows)] = next_ids
         self.sampled_step[step.rows] = batch.step
         if plan is None or not len(plan):
             return StepOutput(next_ids.tolist())
@@ -154,7 +154,7 @@ class ModelRunner:
         which = self.constraints.constrained(step.rows)
         if len(which):
             self.constraints.mask(logits, step.rows, which)
-        next_ids = self.sampler.sample(logits, step.rows, torch.from_numpy(step.seq_lens).to(self.device))
+        next_ids = self.sampler.sample(logits, step.rows, self._h2d(step.seq_lens))
         if len(which):
             self.constraints.advance(step.rows, which, step.seq_lens, next_ids)
         self.penalties.update(step.rows, step.seq_lens, next_ids)
@@ -167,8 +167,8 @@ class ModelRunner:
 
     def _logprobs(self, plan: LogprobPlan, logits: torch.Tensor, next_ids: torch.Tensor) -> StepOutput:
         dev = self.device
-        target = torch.from_numpy(plan.target).to(dev)
-        owner = torch.from_numpy(plan.owner).to(dev)
+        target = self._h2d(plan.target)
+        owner = self._h2d(plan.owner)
         target = torch.where(target < 0, next_ids[owner], target)
         lp, top_ids, top_lp = token_logprobs(logits, target, plan.top_k)
         return StepOutput(next_ids.tolist(), lp.tolist(), top_ids.reshape(-1).tolist(),
@@ -191,18 +191,18 @@ class ModelRunner:
         self.sampled_step[[r.row for r in batch.new_rows]] = -2
         dev = self.device
         if len(step.shared_slots):
-            self._fill_table(step.shared_rows, step.shared_positions, torch.from_numpy(step.shared_slots).to(dev))
-        slots = torch.from_numpy(step.out_slots).to(dev)
+            self._fill_table(step.shared_rows, step.shared_positions, self._h2d(step.shared_slots))
+        slots = self._h2d(step.out_slots)
         self._fill_table(step.token_rows, step.positions, slots)
         meta = AttentionMetadata(
-            rows=torch.from_numpy(step.rows).to(dev),
+            rows=self._h2d(step.rows),
             prefix_lens=step.prefix_lens,
             extend_lens=step.extend_lens,
             out_slots=slots,
             slot_table=self.table,
         )
-        positions = torch.from_numpy(step.positions).to(dev)
-        last = torch.from_numpy(_gather_index(step.last_index, extra)).to(dev)
+        positions = self._h2d(step.positions)
+        last = self._h2d(_gather_index(step.last_index, extra))
         if self.compiled is not None:
             return step, self.compiled.forward(ids, positions, last, meta)
         self.attn.prepare(meta)
@@ -212,20 +212,33 @@ class ModelRunner:
         """The step's token ids on the device, -1s replaced by the rows' last
         sampled tokens; raises 400 unless each such row sampled in the step just
         before (steps sent ahead must arrive in order)."""
-        ids = torch.from_numpy(step.input_ids).to(self.device)
+        ids = self._h2d(step.input_ids)
         if not len(step.future):
             return ids
         rows = step.token_rows[step.future]
         if not (self.sampled_step[rows] == batch.step - 1).all():
             raise invalid_request(f"step {batch.step}: input id -1 on a row that did not "
                                   f"sample in step {batch.step - 1}")
-        index = torch.from_numpy(step.future).to(self.device)
-        ids[index] = self.last_tokens[torch.from_numpy(rows).to(self.device)]
+        index = self._h2d(step.future)
+        ids[index] = self.last_tokens[self._h2d(rows)]
         return ids
+
+    def _h2d(self, array: np.ndarray) -> torch.Tensor:
+        return to_device(array, self.device)
 
     def _fill_table(self, rows: np.ndarray, positions: np.ndarray, slots: torch.Tensor) -> None:
         dev = self.device
-        self.table[torch.from_numpy(rows).to(dev), torch.from_numpy(positions).to(dev)] = slots
+        self.table[self._h2d(rows), self._h2d(positions)] = slots
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A step's host array on ``device``: as is on the CPU; on CUDA through pinned memory,
+    copied without blocking (in stream order with the step's kernels; torch's caching host
+    allocator keeps the pinned buffer until the copy is done)."""
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _gather_index(last: np.ndarray, extra: np.ndarray | None) -> np.ndarray:

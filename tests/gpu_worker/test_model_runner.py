@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -219,3 +220,18 @@ def test_each_step_runs_on_the_thread_count_it_chose(runner, hf_model, tokenizer
     finally:
         torch.set_num_threads(1)  # NOTE: the session's runner fixture runs on one
     assert runner.thread_chooser is None  # threads=0: torch's setting is left alone
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_step_arrays_reach_the_device_unchanged(device):
+    """to_device: the CPU takes the array as is (no copy); CUDA copies it through pinned memory
+    without blocking, and a later edit of the host array does not reach the copy."""
+    from services.gpu_worker.model_runner import to_device
+
+    host = np.arange(10, dtype=np.int64)
+    moved = to_device(host, torch.device(device))
+    if device == "cpu":
+        assert moved.data_ptr() == torch.from_numpy(host).data_ptr()
+    host[0] = 99
+    assert moved.tolist()[1:] == list(range(1, 10))
+    assert moved.tolist()[0] == (99 if device == "cpu" else 0)
