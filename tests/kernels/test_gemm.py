@@ -71,6 +71,13 @@ def test_bad_shapes_are_refused(gen):
 def test_the_kernels_parallel_loops_run_on_torchs_threads():
     """The module is built with OpenMP on torch's own runtime: its parallel_for loops use
     torch.set_num_threads' team (built without it, they ran on one thread whatever the count)."""
+    from pathlib import Path
+
+    cpu_ext.load()
+    maps = Path("/proc/self/maps")
+    if maps.exists():  # one OpenMP runtime in the process: the module bound to torch's libgomp
+        runtimes = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line}
+        assert len(runtimes) == 1, runtimes
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
