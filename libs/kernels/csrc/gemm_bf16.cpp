@@ -31,7 +31,7 @@ namespace {
 
 constexpr int64_t kTile = 64;      // output columns per packed tile
 constexpr int kMaxRows = 6;        // rows per micro-kernel call: 6 x 4 accumulators + 4 weights
-constexpr int64_t kPrefetch = 32;  // k pairs ahead (8 KB) that the weight stream is asked for
+constexpr int64_t kPrefetch = 64;  // k pairs ahead (16 KB) that the weight stream is asked for
 
 #if defined(RMK_GEMM_BF16)
 inline uint32_t pair_at(const uint16_t* row, int64_t k2) {
@@ -51,8 +51,10 @@ void tile_rows(const uint16_t* x, int64_t ldx, const __m512i* w, int64_t K2, c10
   }
   for (int64_t k2 = 0; k2 < K2; ++k2) {
     const __m512i* wk = w + 4 * k2;
-    _mm_prefetch(reinterpret_cast<const char*>(wk + 4 * kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wk + 4 * kPrefetch + 2), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 4 * kPrefetch), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 4 * kPrefetch + 1), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 4 * kPrefetch + 2), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 4 * kPrefetch + 3), _MM_HINT_T1);
     const __m512bh w0 = (__m512bh)_mm512_load_si512(wk), w1 = (__m512bh)_mm512_load_si512(wk + 1);
     const __m512bh w2 = (__m512bh)_mm512_load_si512(wk + 2), w3 = (__m512bh)_mm512_load_si512(wk + 3);
     for (int r = 0; r < R; ++r) {
