@@ -101,7 +101,7 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
 # Two packed forms, chosen once per model (``linear_kernel``):
 #   onednn: oneDNN's blocked layout (where it has AMX, its large-batch matmuls win);
 #   tiles:  libs.kernels.gemm, on AVX512-BF16's dot instruction (CPUs without AMX): batch-1
-#           decode at about the cores' memory bandwidth, 1.2-1.45x oneDNN's gemv here, and
+#           decode at about the cores' memory bandwidth, 1.6-1.9x oneDNN's gemv here, and
 #           level with it at prefill sizes.
 
 _LINEARS = ("qkv", "o_proj", "gate_up", "down")
