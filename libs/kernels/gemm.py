@@ -50,7 +50,7 @@ def pack(weight: torch.Tensor) -> TiledWeight:
 
 
 def linear(x: torch.Tensor, w: TiledWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias`` in bf16 (fp32 accumulation), ``x`` [M, in] bf16."""
+    """``x @ weight.T + bias`` in bf16 (fp32 accumulation), ``x`` [M, in] and ``bias`` [out] bf16."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     return cpu_ext.load().linear_bf16(x, w.tiles, w.shape[0], bias)

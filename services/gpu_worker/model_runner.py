@@ -166,7 +166,6 @@ class ModelRunner:
         return token_texts(AutoTokenizer.from_pretrained(self.path), self.vocab_size)
 
     def _logprobs(self, plan: LogprobPlan, logits: torch.Tensor, next_ids: torch.Tensor) -> StepOutput:
-        dev = self.device
         target = self._h2d(plan.target)
         owner = self._h2d(plan.owner)
         target = torch.where(target < 0, next_ids[owner], target)
@@ -189,7 +188,6 @@ class ModelRunner:
         self.constraints.set_rows(batch.new_rows)
         self.penalties.set_rows(batch.new_rows)
         self.sampled_step[[r.row for r in batch.new_rows]] = -2
-        dev = self.device
         if len(step.shared_slots):
             self._fill_table(step.shared_rows, step.shared_positions, self._h2d(step.shared_slots))
         slots = self._h2d(step.out_slots)
@@ -227,7 +225,6 @@ class ModelRunner:
         return to_device(array, self.device)
 
     def _fill_table(self, rows: np.ndarray, positions: np.ndarray, slots: torch.Tensor) -> None:
-        dev = self.device
         self.table[self._h2d(rows), self._h2d(positions)] = slots
 
 

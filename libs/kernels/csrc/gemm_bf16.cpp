@@ -40,13 +40,23 @@ inline uint32_t pair_at(const uint16_t* row, int64_t k2) {
   return v;
 }
 
-// out[r, n0 .. n0+64) = x[r] . w_tile (+ bias), for R rows; columns past n_valid are not written
+inline __mmask16 columns_mask(int64_t n_valid, int j) {
+  const int64_t left = n_valid - 16 * j;
+  return left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+}
+
+// out[r, n0 .. n0+64) = x[r] . w_tile (+ bias, bf16, read in place), for R rows; columns past
+// n_valid are neither read from bias nor written
 template <int R>
 void tile_rows(const uint16_t* x, int64_t ldx, const __m512i* w, int64_t K2, c10::BFloat16* out, int64_t ldo,
-               int64_t n_valid, const float* bias) {
+               int64_t n_valid, const uint16_t* bias) {
   __m512 acc[R][4];
   for (int j = 0; j < 4; ++j) {
-    const __m512 b = bias ? _mm512_loadu_ps(bias + 16 * j) : _mm512_setzero_ps();
+    __m512 b = _mm512_setzero_ps();
+    if (bias) {
+      const __m256i raw = _mm256_maskz_loadu_epi16(columns_mask(n_valid, j), bias + 16 * j);
+      b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    }
     for (int r = 0; r < R; ++r) acc[r][j] = b;
   }
   for (int64_t k2 = 0; k2 < K2; ++k2) {
@@ -66,8 +76,7 @@ void tile_rows(const uint16_t* x, int64_t ldx, const __m512i* w, int64_t K2, c10
     }
   }
   for (int j = 0; j < 4 && 16 * j < n_valid; ++j) {
-    const int64_t left = n_valid - 16 * j;
-    const __mmask16 mask = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    const __mmask16 mask = columns_mask(n_valid, j);
     for (int r = 0; r < R; ++r) {
       const __m256i v = (__m256i)_mm512_cvtneps_pbh(acc[r][j]);
       _mm256_mask_storeu_epi16(out + r * ldo + 16 * j, mask, v);
@@ -76,7 +85,7 @@ void tile_rows(const uint16_t* x, int64_t ldx, const __m512i* w, int64_t K2, c10
 }
 
 using TileFn = void (*)(const uint16_t*, int64_t, const __m512i*, int64_t, c10::BFloat16*, int64_t, int64_t,
-                        const float*);
+                        const uint16_t*);
 constexpr TileFn kTileFns[kMaxRows + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>,
                                            tile_rows<4>, tile_rows<5>, tile_rows<6>};
 #endif
@@ -110,18 +119,17 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n_
   const int64_t M = x.size(0), K = x.size(1), K2 = packed.size(1), T = packed.size(0);
   TORCH_CHECK(K % 2 == 0 && K2 == K / 2, "x's width must be the weight's (an even number)");
   TORCH_CHECK(n_out > (T - 1) * kTile && n_out <= T * kTile, "n_out does not match the packed weight");
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n_out, "bias must have n_out elements");
-    b = at::zeros({T * kTile}, x.options().dtype(at::kFloat));
-    b.narrow(0, 0, n_out).copy_(*bias);
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->numel() == n_out && bias->scalar_type() == at::kBFloat16 && bias->is_contiguous(),
+                "bias must be n_out contiguous bf16 values");
   }
   at::Tensor out = at::empty({M, n_out}, x.options());
 #if defined(RMK_GEMM_BF16)
   if (M == 0) return out;
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const __m512i* wp = reinterpret_cast<const __m512i*>(packed.data_ptr<int32_t>());
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const uint16_t* bp = has_bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr<at::BFloat16>()) : nullptr;
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   const int64_t ldx = x.stride(0), m_tiles = (M + kMaxRows - 1) / kMaxRows;
   const int64_t rows_per = (M + m_tiles - 1) / m_tiles;  // NOTE: balanced: 8 rows run as 4 + 4, not 6 + 2
