@@ -292,6 +292,10 @@ class LocalStack:
     def pid(self, name: str) -> int:
         return self.proc(name).popen.pid
 
+    def pids(self) -> dict[str, int]:
+        """Every process of the stack by name (the services, then the broker it started)."""
+        return {p.name: p.popen.pid for p in self._watched()}
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` (default SIGKILL) to a service; returns its pid. A supervised
         one is restarted by the supervisor."""

@@ -10,6 +10,14 @@
 
 Decode tokens/s excludes prefill: (a) times decode steps only; (b) counts tokens
 after the last request's first token; (c) subtracts a prefill-only generate.
+
+For (b) the table also gives the worker's idle share over the run (the scheduler's
+books: wall time with steps queued or running, less the worker's forward time), the
+cores the stack's other processes (gateway, tokenizer, scheduler, cache index, broker)
+and the client (this process) used meanwhile, and the bound those cores leave: a
+worker of T threads on C cores keeps at most (C - x) / T of its in-process speed while
+the others take x cores (1.0 where free cores absorb them). On 2 cores the gap from
+(a) to (b) is mostly that bound, not waiting.
 """
 
 from __future__ import annotations
@@ -18,19 +26,24 @@ import argparse
 import asyncio
 import json
 import tempfile
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from libs.models import resolve_model
+from radixmesh.bench import worker_time
 from libs.protocol.messages import ForwardResult, SamplingParams, WorkerInfo
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
 from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
 from services.scheduler.config import CoreConfig
 from services.scheduler.core import SchedulerCore
 from services.scheduler.request import Req
+
+from .proc_cpu import CpuMeter
 
 
 def make_prompts(batch: int, context: int, seed: int = 0) -> list[list[int]]:
@@ -91,6 +104,36 @@ async def bench_stack(url: str, prompts: list[list[int]], steps: int) -> float:
     return decoded / (t1 - t0)
 
 
+@dataclass
+class StackRun:
+    tokens_per_s: float
+    idle: float  # the worker's idle share over the run (NaN: unknown)
+    others: float  # cores the rest of the machine used meanwhile: the stack's other processes, the client
+    client: float  # of which this process (the client)
+
+
+async def measure_stack(url: str, pids: dict[str, int], prompts: list[list[int]], steps: int) -> StackRun:
+    """:func:`bench_stack`, with the worker's idle share and the CPU the rest of the
+    machine used meanwhile."""
+    import httpx
+
+    workers = {name: pid for name, pid in pids.items() if name.startswith("gpu_worker")}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as metrics:
+        before = await worker_time.scrape(metrics)
+        meter = CpuMeter(workers)
+        meter.start()
+        tokens_per_s = await bench_stack(url, prompts, steps)
+        used = meter.stop()
+        idle = worker_time.idle_fraction(before, await worker_time.scrape(metrics))
+    return StackRun(tokens_per_s, idle, used.besides(*workers), used.cores["client"])
+
+
+def sharing_bound(others: float, threads: int, cores: int) -> float:
+    """The share of its in-process speed a worker of ``threads`` threads keeps on ``cores``
+    cores while other processes take ``others`` cores (free cores absorb them first)."""
+    return max(0.0, min(1.0, (cores - others) / threads))
+
+
 def bench_hf(model, prompts: list[list[int]], steps: int) -> float:
     ids = torch.tensor(prompts)
     mask = torch.ones_like(ids)
@@ -119,8 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    samples: dict[int, dict[str, list[float]]] = {
-        b: {"a": [], "b0": [], "b": [], "c": []} for b in args.batches}
+    samples: dict[int, dict[str, list]] = {b: {"a": [], "b0": [], "b": [], "c": []} for b in args.batches}
 
     from transformers import AutoModelForCausalLM
 
@@ -143,10 +185,19 @@ def main(argv: list[str] | None = None) -> None:
                     prompts = make_prompts(b, args.context)
                     samples[b]["a"].append(bench_in_process(runner, prompts, args.steps))
                     samples[b]["b0"].append(asyncio.run(bench_stack(stack0.url, prompts, args.steps)))
-                    samples[b]["b"].append(asyncio.run(bench_stack(stack.url, prompts, args.steps)))
+                    samples[b]["b"].append(asyncio.run(measure_stack(stack.url, stack.pids(), prompts, args.steps)))
                     samples[b]["c"].append(bench_hf(hf, prompts, args.steps))
-    results = {b: {k: _median(v) for k, v in r.items()} for b, r in samples.items()}
-    print_table(results, args)
+    print_table({b: _medians(r) for b, r in samples.items()}, args)
+
+
+def _medians(runs: dict[str, list]) -> dict[str, float]:
+    stack: list[StackRun] = runs["b"]
+    out = {k: _median(runs[k]) for k in ("a", "b0", "c")}
+    out["b"] = _median([r.tokens_per_s for r in stack])
+    out["idle"] = _median([r.idle for r in stack])
+    out["others"] = _median([r.others for r in stack])
+    out["client"] = _median([r.client for r in stack])
+    return out
 
 
 def _median(values: list[float]) -> float:
@@ -155,14 +206,20 @@ def _median(values: list[float]) -> float:
 
 
 def print_table(results: dict[int, dict[str, float]], args: argparse.Namespace) -> None:
+    cores = os.cpu_count() or 1
     print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} decode steps, "
-          f"{args.dtype}, {args.threads} threads, median of {args.rounds} interleaved rounds")
+          f"{args.dtype}, {args.threads} threads, {cores} cores, median of {args.rounds} interleaved rounds")
     print("| batch | (a) in-process runner | (b0) stack, step by step | (b) full stack over NATS "
-          "| (c) HF generate | b/b0 | b/a | b/c |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| (c) HF generate | b/b0 | b/a | b/c | (b) worker idle | (b) other cores (client) | bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for b, r in results.items():
+        bound = sharing_bound(r["others"], args.threads, cores)
         print(f"| {b} | {r['a']:.1f} | {r['b0']:.1f} | {r['b']:.1f} | {r['c']:.1f} "
-              f"| {r['b'] / r['b0']:.2f} | {r['b'] / r['a']:.2f} | {r['b'] / r['c']:.2f} |")
+              f"| {r['b'] / r['b0']:.2f} | {r['b'] / r['a']:.2f} | {r['b'] / r['c']:.2f} "
+              f"| {r['idle']:.1%} | {r['others']:.2f} ({r['client']:.2f}) | {bound:.2f} |")
+    print("worker idle: its waits between steps over the run, per the scheduler; other cores: the "
+          "machine's CPU besides the worker meanwhile, the client's share in brackets; bound: the "
+          "largest b/a those cores leave the worker's threads")
 
 
 if __name__ == "__main__":

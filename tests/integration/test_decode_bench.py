@@ -1,0 +1,23 @@
+"""The decode benchmark's stack measurement on the session's real stack: tokens/s, the
+worker's idle share from the scheduler's books, the CPU of everything else."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+
+import pytest
+
+from radixmesh.benchmarks.decode import make_prompts, measure_stack
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux /proc only")
+def test_measure_stack_reads_the_idle_share_and_the_other_processes_cpu(stack):
+    pids = stack.pids()
+    assert {"gateway", "scheduler", "tokenizer", "cache_index", "gpu_worker-0", "nats-server"} <= set(pids)
+    run = asyncio.run(measure_stack(stack.url, pids, make_prompts(2, 32), 6))
+    assert run.tokens_per_s > 0
+    assert 0.0 <= run.idle < 1.0  # NOTE: NaN (no books read) fails here too
+    assert run.client > 0  # this process read the streams
+    assert not math.isnan(run.others) and run.others > 0  # the gateway, tokenizer, scheduler, broker
