@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
+from libs.protocol import event_loop
 from libs.protocol.env_flags import env_default
 from libs.protocol.limits import KV_STORE_BUCKET, WORKER_LIVENESS_S
 from libs.protocol.metrics import add_metrics_args, serve_metrics
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         await CacheIndex(ctx, args.policy, Registry(liveness_s=args.liveness_s),
                          args.kv_store_bucket, args.local_prefill_factor).start()
 
-    asyncio.run(run_service("cache_index", common_config(args), body))
+    event_loop.run(run_service("cache_index", common_config(args), body))
 
 
 if __name__ == "__main__":

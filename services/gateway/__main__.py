@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 
 from libs.models import DEFAULT_MODEL, served_name
+from libs.protocol import event_loop
 from libs.protocol.env_flags import env_default
 from libs.protocol.service import add_common_args, common_config, run_service, setup_logging
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     server_cfg = ServerConfig(args.host, args.port)
     body = gateway_body(settings, pipeline_cfg, server_cfg, worker_model=served_name(args.model),
                         model_path=args.model)
-    asyncio.run(run_service("gateway", config, body))
+    event_loop.run(run_service("gateway", config, body))
 
 
 if __name__ == "__main__":

@@ -100,6 +100,10 @@ class Deadline:
         NOTE: the timeout covers only the wait for the next item, never a
         ``yield``: a cancellation must not land in the consumer's code.
         """
+        if self.at is None:  # NOTE: no timer per item (one per streamed event otherwise)
+            async for item in items:
+                yield item
+            return
         it = aiter(items)
         while True:
             try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
@@ -13,6 +12,7 @@ import torch
 
 from libs.kernels import BackendNotAvailable
 from libs.models import ModelNotFoundError, resolve_model, served_name
+from libs.protocol import event_loop
 from libs.protocol.env_flags import env_default
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import ServiceContext, add_common_args, common_config, run_service, setup_logging
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         await worker.start(ctx.bus)  # NOTE: after the store: the first announcement names it
         ctx.stack.push_async_callback(worker.stop)
 
-    asyncio.run(run_service(SERVICE, config, body))
+    event_loop.run(run_service(SERVICE, config, body))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
+from libs.protocol import event_loop
 from libs.protocol.env_flags import env_default
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import (
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     async def body(ctx: ServiceContext) -> None:
         await Adopter(ctx, config).start()
 
-    asyncio.run(run_service("scheduler", common_config(args), body))
+    event_loop.run(run_service("scheduler", common_config(args), body))
 
 
 if __name__ == "__main__":

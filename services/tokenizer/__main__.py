@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 
 from libs.models import resolve_model, served_name
+from libs.protocol import event_loop
 from libs.protocol.env_flags import env_default
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import (
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
             idle_timeout=args.detok_idle_timeout, encode_threads=args.encode_threads,
         ).start()
 
-    asyncio.run(run_service("tokenizer", common_config(args), body))
+    event_loop.run(run_service("tokenizer", common_config(args), body))
 
 
 if __name__ == "__main__":

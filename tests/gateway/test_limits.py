@@ -62,6 +62,20 @@ async def test_deadline_iterate_stops_waiting():
     assert got == [1]
 
 
+async def test_without_a_deadline_iterate_passes_every_item_and_its_errors():
+    async def items():
+        yield 1
+        await asyncio.sleep(0.01)
+        yield 2
+        raise ValueError("upstream")
+
+    got = []
+    with pytest.raises(ValueError, match="upstream"):
+        async for item in Deadline(None).iterate(items()):
+            got.append(item)
+    assert got == [1, 2]
+
+
 async def test_max_tokens_cap(pipeline, played):
     async with _client(pipeline, max_tokens_cap=8) as client:
         resp = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 9})
