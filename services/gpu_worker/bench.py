@@ -150,8 +150,10 @@ def main(argv: list[str] | None = None) -> None:
                        else b / bench_decode(runner, b, args.context, args.steps, clock=clock))
                 samples[s, b].append(tps)
             print(f"round {i + 1}/{args.rounds}: {b} done", flush=True)
-    print_table({k: statistics.median(v) for k, v in samples.items()}, systems, rows, args)
-    print_ceilings(sorted({s[2] for s in systems}), runners)
+    tps = {k: statistics.median(v) for k, v in samples.items()}
+    print_table(tps, systems, rows, args)
+    limits = print_ceilings(sorted({s[2] for s in systems}), runners)
+    print_shares(tps, systems, rows, limits, next(iter(runners.values())).model.config, args.prefill)
 
 
 def print_table(tps: dict[tuple, float], systems: list, batches: list, args) -> None:
@@ -174,9 +176,10 @@ def print_table(tps: dict[tuple, float], systems: list, batches: list, args) -> 
         print(f"| {b} | " + " | ".join(cells) + " |")
 
 
-def print_ceilings(threads: list[int], runners: dict) -> None:
+def print_ceilings(threads: list[int], runners: dict) -> dict[tuple[int, torch.dtype], tuple[float, float]]:
     """What this machine allows, measured now (ceilings.py): a decode-batch matmul at the
-    model's gate/up shape, a copy."""
+    model's gate/up shape, a copy. Returns the (matmul GFLOP/s, copy GB/s) each system's
+    thread count and dtype runs at (bf16: over packed weights where it can pack)."""
     config = next(iter(runners.values())).model.config
     k, n = ceilings.mlp_shape(config)
     dtypes = {key[0] for key in runners}
@@ -184,6 +187,7 @@ def print_ceilings(threads: list[int], runners: dict) -> None:
     print(f"| threads | matmul {ceilings.BATCH}x{k} @ {k}x{n} fp32 | bf16 | bf16 packed | copy (read + write) |"
           " batch-1 decode at that copy rate: fp32 / bf16 |")
     print("|---|---|---|---|---|---|")
+    limits = {}
     for t in threads:
         torch.set_num_threads(t)
         mm32 = ceilings.matmul_gflops(k, n, torch.float32)
@@ -193,6 +197,24 @@ def print_ceilings(threads: list[int], runners: dict) -> None:
         steps = " / ".join(f"{ceilings.decode_bound(copy, config, getattr(torch, d)):.0f}" if d in dtypes else "-"
                            for d in SHORT)
         print(f"| {t} | {mm32:.0f} GFLOP/s | {mm16:.0f} GFLOP/s | {mmp:.0f} GFLOP/s | {copy:.1f} GB/s | {steps} steps/s |")
+        limits[t, torch.float32] = (mm32, copy)
+        limits[t, torch.bfloat16] = (mm16 if mmp != mmp else mmp, copy)
+    return limits
+
+
+def print_shares(tps: dict[tuple, float], systems: list, rows: list, limits: dict, config, prefill: int) -> None:
+    """Each figure as a share of its roofline (ceilings.step_bound at the ceilings above)."""
+    print("\nshare of the linears' roofline: tokens/s / min(matmul rate, weights read at half the copy rate)")
+    print("| batch | " + " | ".join(label(s) for s in systems) + " |")
+    print("|---" * (len(systems) + 1) + "|")
+    for b in rows:
+        tokens, logits = (prefill, 1) if isinstance(b, str) else (b, b)
+        cells = []
+        for s in systems:
+            dtype = getattr(torch, s[0])
+            mm, copy = limits[s[2], dtype]
+            cells.append(f"{tps[s, b] / ceilings.step_bound(tokens, logits, config, dtype, mm, copy):.2f}")
+        print(f"| {b} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -66,18 +66,35 @@ def copy_gbs(mib: int = COPY_MIB, repeat: int = REPEAT) -> float:
     return rate(lambda: dst.copy_(src), 2 * src.numel() * 4, repeat) / 1e9
 
 
-def weight_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of weights a decode step reads (every linear and the LM head)."""
+def linear_params(config: ModelConfig) -> tuple[int, int]:
+    """(every layer's linear weights, the LM head's) in elements."""
     c = config
     per_layer = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim * c.hidden_size
     per_layer += c.num_heads * c.head_dim * c.hidden_size + 3 * c.intermediate_size * c.hidden_size
-    params = c.num_layers * per_layer + c.vocab_size * c.hidden_size
-    return params * torch.empty(0, dtype=dtype).element_size()
+    return c.num_layers * per_layer, c.vocab_size * c.hidden_size
+
+
+def weight_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of weights a decode step reads (every linear and the LM head)."""
+    return sum(linear_params(config)) * torch.empty(0, dtype=dtype).element_size()
 
 
 def decode_bound(copy: float, config: ModelConfig, dtype: torch.dtype) -> float:
     """Batch-1 decode steps/s at most at ``copy`` GB/s (read + write)."""
     return copy / 2 * 1e9 / weight_bytes(config, dtype)
+
+
+def step_bound(tokens: int, logits: int, config: ModelConfig, dtype: torch.dtype, matmul_gflops: float,
+               copy: float) -> float:
+    """Tokens/s at most for steps of ``tokens`` tokens, ``logits`` of them through the LM
+    head (a decode step: all; a prefill chunk: its last): such a step reads every weight
+    once (at half the ``copy`` rate) and does its linears' work (2 FLOP per weight element
+    and token) at ``matmul_gflops``, whichever takes longer. Attention is left out: the
+    bound is the linears' roofline."""
+    body, head = linear_params(config)
+    flop = 2 * (tokens * body + logits * head)
+    seconds = max(flop / (matmul_gflops * 1e9), weight_bytes(config, dtype) / (copy / 2 * 1e9))
+    return tokens / seconds
 
 
 @dataclass(frozen=True)

@@ -43,3 +43,8 @@ def test_the_table_has_the_prefill_row_and_the_knobs_ratio(tmp_path, capsys):
     rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in table}
     assert list(rows) == ["| 1", "| 2", "| prefill 8"]
     assert all(float(cell.strip(" |")) > 0 for cells in rows.values() for cell in cells)
+    shares = lines.index(next(line for line in lines if line.startswith("share of the linears' roofline")))
+    share_rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in lines[shares + 3: shares + 6]}
+    assert list(share_rows) == ["| 1", "| 2", "| prefill 8"]
+    for cells in share_rows.values():  # a share of a bound: positive, and no figure beats its roofline
+        assert all(0 < float(cell.strip(" |")) <= 1.0 for cell in cells)
