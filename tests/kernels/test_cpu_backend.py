@@ -98,11 +98,15 @@ def test_short_prefixes_next_to_extends(gen, prefix):
 
 
 @BOTH
-def test_two_threads(gen, make):
-    """Work items split between threads (each packs its own key blocks)."""
-    torch.set_num_threads(2)  # NOTE: the conftest fixture restores the count
+@pytest.mark.parametrize("threads", [2, 3])
+def test_several_threads(gen, make, threads):
+    """Work items split between threads by their cost, in contiguous runs (each thread packs
+    its own key blocks): a long causal prompt, mixed requests, fewer items than threads."""
+    torch.set_num_threads(threads)  # NOTE: the conftest fixture restores the count
     for dtype in (torch.float32, torch.bfloat16):
         check_attention(make, Case([0, 500, 90, 7], [200, 100, 1, 1], kv_heads=3, group=3, dtype=dtype), gen)
+        check_attention(make, Case([0], [512], kv_heads=3, group=3, dtype=dtype), gen)
+        check_attention(make, Case([30], [5], kv_heads=1, group=2, dtype=dtype), gen)
 
 
 def test_slots_outside_the_pool_are_refused(gen):
