@@ -13,11 +13,11 @@ after the last request's first token; (c) subtracts a prefill-only generate.
 
 For (b) the table also gives the worker's idle share over the run (the scheduler's
 books: wall time with steps queued or running, less the worker's forward time), the
-cores the stack's other processes (gateway, tokenizer, scheduler, cache index, broker)
-and the client (this process) used meanwhile, and the bound those cores leave: a
-worker of T threads on C cores keeps at most (C - x) / T of its in-process speed while
-the others take x cores (1.0 where free cores absorb them). On 2 cores the gap from
-(a) to (b) is mostly that bound, not waiting.
+cores the rest of the machine used meanwhile (the stack's gateway, tokenizer, scheduler,
+cache index and broker, the idle (b0) stack, the client: this process, its share given
+apart), and the bound those cores leave: a worker of T threads on C cores keeps at most
+(C - x) / T of its in-process speed while the others take x cores (1.0 where free cores
+absorb them). On 2 cores the gap from (a) to (b) is mostly that bound, not waiting.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from libs.models import resolve_model
-from radixmesh.bench import worker_time
 from libs.protocol.messages import ForwardResult, SamplingParams, WorkerInfo
+from radixmesh.bench import worker_time
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
 from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
 from services.scheduler.config import CoreConfig
