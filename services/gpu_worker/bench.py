@@ -23,6 +23,7 @@ ratios taken in one run mean anything.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
@@ -198,7 +199,7 @@ def print_ceilings(threads: list[int], runners: dict) -> dict[tuple[int, torch.d
                            for d in SHORT)
         print(f"| {t} | {mm32:.0f} GFLOP/s | {mm16:.0f} GFLOP/s | {mmp:.0f} GFLOP/s | {copy:.1f} GB/s | {steps} steps/s |")
         limits[t, torch.float32] = (mm32, copy)
-        limits[t, torch.bfloat16] = (mm16 if mmp != mmp else mmp, copy)
+        limits[t, torch.bfloat16] = (mm16 if math.isnan(mmp) else mmp, copy)  # NaN: no packed form
     return limits
 
 
