@@ -18,6 +18,8 @@ cache index and broker, the idle (b0) stack, the client: this process, its share
 apart), and the bound those cores leave: a worker of T threads on C cores keeps at most
 (C - x) / T of its in-process speed while the others take x cores (1.0 where free cores
 absorb them). On 2 cores the gap from (a) to (b) is mostly that bound, not waiting.
+The client reads the streams with the lean one of ``sse_client.py`` on uvloop, so that
+it takes as little as it can of the cores it shares with the stack.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 
 from libs.models import resolve_model
+from libs.protocol import event_loop
 from libs.protocol.messages import ForwardResult, SamplingParams, WorkerInfo
 from radixmesh.bench import worker_time
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
@@ -44,6 +47,7 @@ from services.scheduler.core import SchedulerCore
 from services.scheduler.request import Req
 
 from .proc_cpu import CpuMeter
+from .sse_client import stream_post
 
 
 def make_prompts(batch: int, context: int, seed: int = 0) -> list[list[int]]:
@@ -75,33 +79,17 @@ def bench_in_process(runner: ModelRunner, prompts: list[list[int]], steps: int) 
     return len(prompts) * steps / elapsed
 
 
-async def _stream_one(client, ids: list[int], steps: int) -> tuple[float, float, int]:
-    """(first token's time, last token's time, tokens) of one streamed request. NOTE: the
-    client reads raw bytes and parses only the last event (each is cumulative): a client
-    that decodes every event's JSON takes CPU from the stack it measures."""
+async def _stream_one(url: str, ids: list[int], steps: int) -> tuple[float, float, int]:
+    """(first token's time, last token's time, tokens) of one streamed request, read by
+    the lean client (sse_client.py): a heavier one takes CPU from the stack it measures."""
     body = {"input_ids": ids, "stream": True,
             "sampling_params": {"max_new_tokens": steps + 1, "temperature": 0, "ignore_eos": True}}
-    first = last = 0.0
-    data = bytearray()
-    async with client.stream("POST", "/generate", json=body) as resp:
-        resp.raise_for_status()
-        async for chunk in resp.aiter_raw():
-            now = time.perf_counter()
-            first = first or now
-            if not chunk.startswith(b"data: [DONE]"):
-                last = now
-            data += chunk
-    events = [e for e in bytes(data).split(b"\n\n") if e.startswith(b"data: ") and e != b"data: [DONE]"]
-    if not events:
-        raise RuntimeError(f"no events in the stream: {bytes(data[:200])!r}")
-    return first, last, json.loads(events[-1][6:])["meta_info"]["completion_tokens"]
+    times = await stream_post(url, "/generate", body)
+    return times.first, times.last, json.loads(times.last_event)["meta_info"]["completion_tokens"]
 
 
 async def bench_stack(url: str, prompts: list[list[int]], steps: int) -> float:
-    import httpx
-
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        results = await asyncio.gather(*(_stream_one(client, ids, steps) for ids in prompts))
+    results = await asyncio.gather(*(_stream_one(url, ids, steps) for ids in prompts))
     t0 = max(r[0] for r in results)  # every request has its first token
     t1 = max(r[1] for r in results)
     decoded = sum(r[2] - 1 for r in results)
@@ -181,15 +169,15 @@ def main(argv: list[str] | None = None) -> None:
         with LocalStack(config, progress=lambda m: None) as stack, \
                 LocalStack(step_by_step, progress=lambda m: None) as stack0:
             for url in (stack.url, stack0.url):
-                asyncio.run(bench_stack(url, make_prompts(1, 16, seed=99), 4))  # warm-up
+                event_loop.run(bench_stack(url, make_prompts(1, 16, seed=99), 4))  # warm-up
             # NOTE: the systems take turns, round after round, so a slow spell of
             # this noisy machine hits all of them instead of one.
             for _ in range(args.rounds):
                 for b in args.batches:
                     prompts = make_prompts(b, args.context)
                     samples[b]["a"].append(bench_in_process(runner, prompts, args.steps))
-                    samples[b]["b0"].append(asyncio.run(bench_stack(stack0.url, prompts, args.steps)))
-                    samples[b]["b"].append(asyncio.run(measure_stack(stack.url, stack.pids(), prompts, args.steps)))
+                    samples[b]["b0"].append(event_loop.run(bench_stack(stack0.url, prompts, args.steps)))
+                    samples[b]["b"].append(event_loop.run(measure_stack(stack.url, stack.pids(), prompts, args.steps)))
                     samples[b]["c"].append(bench_hf(hf, prompts, args.steps))
     print_table({b: _medians(r) for b, r in samples.items()}, args)
 
