@@ -49,12 +49,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--remote-prefill-min-tokens", type=int, default=env("--remote-prefill-min-tokens", 256, int),
                    help="a decode worker prefills a prompt itself when fewer of its tokens are uncached "
                         "there (0: every prompt goes to its prefill worker)")
+    p.add_argument("--stream-interval", type=_positive, default=env("--stream-interval", "1"),
+                   help="send a request's tokens on in groups of this many (its first token and its "
+                        "finish at once): fewer messages per step, larger stream chunks")
     p.add_argument("--retract-interval", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--max-workers", type=int, default=env("--max-workers", 0, int),
                    help="0: adopt every free worker")
     p.add_argument("--lease-s", type=float, default=env("--lease-s", 5.0, float))
     p.add_argument("--forward-timeout", type=float, default=env("--forward-timeout", 300.0, float))
     return p.parse_args(argv)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_config(args: argparse.Namespace) -> SchedulerConfig:
@@ -71,6 +81,7 @@ def build_config(args: argparse.Namespace) -> SchedulerConfig:
             overlap=not args.disable_overlap_schedule,
             host_write_policy=args.host_write_policy,
             remote_prefill_min_tokens=args.remote_prefill_min_tokens,
+            stream_interval=args.stream_interval,
         ),
         max_workers=args.max_workers, lease_s=args.lease_s,
         forward_timeout=args.forward_timeout,

@@ -23,3 +23,6 @@ class CoreConfig:
     # a decode worker prefills a prompt itself when fewer of its tokens than this are uncached
     # there (Dynamo's conditional disaggregation): a short prefill costs less than a round trip
     remote_prefill_min_tokens: int = 256
+    # a request's tokens go to its tokenizer in groups of this many (its first token and its
+    # finish at once): fewer messages per step for the tokenizer, gateway and clients
+    stream_interval: int = 1

@@ -270,13 +270,22 @@ class SchedulerCore:
         self.generated += 1
         reason = self._finish_reason(req, token)
         if reason:
-            self._finish(req, reason, [token])
+            self._finish(req, reason)
             return
+        if req.streamed and len(req.output_ids) - req.sent < self.config.stream_interval:
+            return  # NOTE: --stream-interval: held for the next delta
+        req.streamed = True
         # NOTE: cached_tokens on every delta: a stop string may end the stream before our finish
         self._out.append((req.detok_instance, TokenDelta(
-            rid=req.rid, token_ids=[token], cached_tokens=req.cached_tokens,
+            rid=req.rid, token_ids=self._unsent(req), cached_tokens=req.cached_tokens,
             cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,
             logprobs=pop_logprobs(req))))
+
+    @staticmethod
+    def _unsent(req: Req) -> list[int]:
+        ids = req.output_ids[req.sent:]
+        req.sent = len(req.output_ids)
+        return ids
 
     def _finish_reason(self, req: Req, token: int) -> str | None:
         if token in req.sampling.stop_token_ids:
@@ -295,7 +304,7 @@ class SchedulerCore:
     def _prune(self) -> None:
         self.running[:] = [r for r in self.running if r.finish_reason is None]
 
-    def _finish(self, req: Req, reason: str, tokens: list[int] | None = None) -> None:
+    def _finish(self, req: Req, reason: str) -> None:
         req.finish_reason = reason
         self.planner.drop(req)
         self._by_rid.pop(req.rid, None)
@@ -306,7 +315,7 @@ class SchedulerCore:
                     code=f"prefill_{reason}", message=f"the prefill ended: {reason}", status=503)))
             return
         self._out.append((req.detok_instance, TokenDelta(
-            rid=req.rid, token_ids=tokens or [], finish_reason=reason, error=req.error,
+            rid=req.rid, token_ids=self._unsent(req), finish_reason=reason, error=req.error,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens, logprobs=pop_logprobs(req),
             cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,

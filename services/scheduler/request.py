@@ -112,8 +112,11 @@ class Req:
     arrived: float = field(default_factory=time.monotonic)  # at this scheduler
     handoff: Handoff | None = None  # a prefill for a decode worker (prefill side)
     transfer: Transfer | None = None  # its prompt's KV comes from a prefill worker (decode side)
+    sent: int = field(default=0, init=False)  # of output_ids: those in a delta already (or replayed)
+    streamed: bool = field(default=False, init=False)  # this submission sent a token delta
 
     def __post_init__(self) -> None:
+        self.sent = len(self.output_ids)  # NOTE: a resumed request's output went out before
         if self.sampling.seed is not None:
             self.seed = self.sampling.seed & ((1 << 63) - 1)
         if self.sampling.return_logprob:

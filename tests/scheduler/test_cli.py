@@ -26,3 +26,15 @@ def test_host_write_policy_flag_and_env(monkeypatch):
     assert cfg.core.host_write_policy == "write_through_selective"
     monkeypatch.setenv("RADIXMESH_HOST_WRITE_POLICY", "write_through")
     assert build_config(parse_args([])).core.host_write_policy == "write_through"
+
+
+def test_stream_interval_flag_env_and_bounds(monkeypatch):
+    import pytest
+
+    monkeypatch.delenv("RADIXMESH_STREAM_INTERVAL", raising=False)
+    assert build_config(parse_args([])).core.stream_interval == 1
+    assert build_config(parse_args(["--stream-interval", "4"])).core.stream_interval == 4
+    monkeypatch.setenv("RADIXMESH_STREAM_INTERVAL", "2")
+    assert build_config(parse_args([])).core.stream_interval == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--stream-interval", "0"])
