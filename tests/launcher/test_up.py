@@ -7,7 +7,9 @@ back the same way; `radixmesh trace last` shows the newest request. The workers 
 host tier and a shared store that the command starts itself (`--kv-store mooncake`: its
 own mooncake_master; the broker's JetStream, `--kv-store nats`, where Mooncake is not
 installed, never in CI): a document whose caches were flushed comes back from the store
-with the same output. Ctrl-C stops everything in order and exits 0.
+with the same output. The scheduler streams tokens in groups (`--stream-interval 3`), so
+tokens held back when a worker dies are not lost either. Ctrl-C stops everything in order
+and exits 0.
 
 The tests run in file order on one stack (starting one costs most of the time)."""
 
@@ -25,6 +27,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.gateway.sse import parse_sse
+
 from ..transfer.mooncake import mooncake_missing
 from .up_process import MODEL, REPO, Chat, Up, chat, gone, health_until
 
@@ -38,7 +42,8 @@ QUESTIONS = [f"Tell me a short story about a {animal}." for animal in (
 # mooncake where its extra is installed (CI installs it: there a missing one fails), else nats
 STORE = "nats" if mooncake_missing() else "mooncake"
 ARGS = ["--workers", "2", "--threads", "1", "--dtype", "float32", "--kv-slots", "4096",
-        "--max-tokens-cap", "512", "--host-kv-slots", "4096", "--kv-store", STORE]
+        "--max-tokens-cap", "512", "--host-kv-slots", "4096", "--kv-store", STORE,
+        "--stream-interval", "3"]  # NOTE: held tokens must survive the kills below too
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +161,12 @@ async def test_trace_last_shows_the_request_just_made(up):
 async def test_a_service_option_given_to_up_reaches_the_service(up):
     async with httpx.AsyncClient(base_url=up.url, timeout=60) as client:
         resp = await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 600})
-    assert resp.status_code == 400 and "512" in resp.json()["error"]["message"]  # the gateway's cap
+        assert resp.status_code == 400 and "512" in resp.json()["error"]["message"]  # the gateway's cap
+        stream = await client.post("/generate", json={"text": "Count to twenty:", "stream": True,
+                                                      "sampling_params": {"max_new_tokens": 10, "ignore_eos": True}})
+    events = [e for e in parse_sse(stream.content) if e != "[DONE]"]
+    assert events[-1]["meta_info"]["completion_tokens"] == 10
+    assert len(events) <= 4  # the scheduler's --stream-interval 3: the first token, then groups of three
 
 
 async def test_a_flushed_document_comes_back_from_the_store_the_command_started(up):
