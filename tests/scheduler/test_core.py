@@ -37,17 +37,24 @@ def step(b: SchedulerCore, w: SlotWorker):
     return batch
 
 
-def drain(b: SchedulerCore, w: SlotWorker, limit=10_000) -> dict[str, list[int]]:
-    outputs: dict[str, list[int]] = {}
+def run_deltas(b: SchedulerCore, w: SlotWorker, limit=10_000) -> list:
+    """Step until no work is left; every delta, in order."""
+    deltas = []
     for _ in range(limit):
         if not b.has_work():
             break
         batch = b.next_batch()
         if batch is not None:
             b.complete(w.run(batch))
-        for _, d in b.take_deltas():
-            outputs.setdefault(d.rid, []).extend(d.token_ids)
+        deltas += [d for _, d in b.take_deltas()]
     assert not b.has_work()
+    return deltas
+
+
+def drain(b: SchedulerCore, w: SlotWorker, limit=10_000) -> dict[str, list[int]]:
+    outputs: dict[str, list[int]] = {}
+    for d in run_deltas(b, w, limit):
+        outputs.setdefault(d.rid, []).extend(d.token_ids)
     return outputs
 
 

@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-from services.scheduler.core import SchedulerCore
 from services.scheduler.request import Req
 
 from .test_core import drain, make, req
-
-
-def _deltas(b: SchedulerCore, w, limit: int = 1000) -> list:
-    out = []
-    for _ in range(limit):
-        if not b.has_work():
-            break
-        batch = b.next_batch()
-        if batch is not None:
-            b.complete(w.run(batch))
-        out += [d for _, d in b.take_deltas()]
-    return out
+from .test_core import run_deltas as _deltas
 
 
 def test_tokens_go_out_in_groups_and_the_output_is_unchanged():
