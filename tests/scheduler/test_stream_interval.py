@@ -54,3 +54,13 @@ def test_a_resumed_request_sends_only_its_new_tokens():
     deltas = _deltas(b, w)
     assert [len(d.token_ids) for d in deltas] == [1, 2]  # 3 new tokens: the first, then a group
     assert deltas[-1].finish_reason == "length" and deltas[-1].completion_tokens == 5
+
+
+def test_logprobs_travel_with_their_tokens_group():
+    b, w = make(enable_cache=False, stream_interval=3)
+    b.submit(req("a", max_new=7, ignore_eos=True, return_logprob=True))
+    deltas = _deltas(b, w)
+    assert [len(d.token_ids) for d in deltas] == [1, 3, 3]
+    for d in deltas:
+        assert d.logprobs is not None and d.logprobs.token_ids == d.token_ids
+        assert len(d.logprobs.logprobs) == len(d.token_ids)
