@@ -26,3 +26,12 @@ def env_default(service: str, flag: str, default: T, kind: Callable[[str], T] = 
             except ValueError:
                 raise SystemExit(f"{name}={value!r}: not a valid value for {flag}") from None
     return default
+
+
+def positive_int(text: str) -> int:
+    """A flag's type: an integer of at least 1 (ValueError otherwise, which argparse, the
+    environment and ``radixmesh up``'s config file all report as a bad value)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value

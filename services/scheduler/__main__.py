@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from libs.protocol import event_loop
-from libs.protocol.env_flags import env_default
+from libs.protocol.env_flags import env_default, positive_int
 from libs.protocol.metrics import add_metrics_args, serve_metrics
 from libs.protocol.service import (
     ServiceContext, add_common_args, common_config, run_service, setup_logging,
@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--remote-prefill-min-tokens", type=int, default=env("--remote-prefill-min-tokens", 256, int),
                    help="a decode worker prefills a prompt itself when fewer of its tokens are uncached "
                         "there (0: every prompt goes to its prefill worker)")
-    p.add_argument("--stream-interval", type=_positive, default=env("--stream-interval", "1"),
+    p.add_argument("--stream-interval", type=positive_int, default=env("--stream-interval", 1, positive_int),
                    help="send a request's tokens on in groups of this many (its first token and its "
                         "finish at once): fewer messages per step, larger stream chunks")
     p.add_argument("--retract-interval", type=int, default=0, help=argparse.SUPPRESS)
@@ -58,13 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lease-s", type=float, default=env("--lease-s", 5.0, float))
     p.add_argument("--forward-timeout", type=float, default=env("--forward-timeout", 300.0, float))
     return p.parse_args(argv)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def build_config(args: argparse.Namespace) -> SchedulerConfig:

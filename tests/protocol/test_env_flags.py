@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from libs.protocol.env_flags import env_default, env_names
+from libs.protocol.env_flags import env_default, env_names, positive_int
 from radixmesh.cli_config import service_options, service_parser
 
 OWN_ENV = {"host": "RADIXMESH_GATEWAY_HOST", "port": "RADIXMESH_GATEWAY_PORT"}  # older names, kept
-VALUES = {int: "7", float: "2.5", None: "x-7"}
+VALUES = {int: "7", positive_int: "7", float: "2.5", None: "x-7"}
 
 
 def test_the_names_are_radixmesh_ups():
@@ -38,3 +38,10 @@ def test_every_option_radixmesh_up_passes_reads_its_env_name(service, monkeypatc
         got = getattr(service_parser(service, own_defaults=False).parse_args([]), opt.action.dest)
         assert got == opt.parse(value, "test"), (opt.env, got)
         monkeypatch.delenv(OWN_ENV.get(opt.action.dest, opt.env))
+
+
+def test_positive_int_refuses_zero_from_the_environment(monkeypatch):
+    assert positive_int("3") == 3
+    monkeypatch.setenv("RADIXMESH_STREAM_INTERVAL", "0")
+    with pytest.raises(SystemExit, match="RADIXMESH_STREAM_INTERVAL"):
+        env_default("scheduler", "--stream-interval", 1, positive_int)
