@@ -7,12 +7,14 @@ the cached build from a folder keyed by the kernels' sources and headers, their
 flags, the CPU's feature flags (the build targets ``-march=native``) and the torch
 version under ``$RADIXMESH_EXT_DIR`` (default ``~/.cache/radixmesh/torch_extensions``),
 so checkouts and venvs sharing a machine never rebuild each other's kernel (the build
-reads a copy of the sources in that folder: checkouts with the same sources share it). Without a compiler the ``cpu`` backend is simply
-unavailable and the worker falls back to ``torch``.
+reads a copy of the sources in that folder: checkouts with the same sources share it). One
+process builds or loads a folder at a time (:func:`build_lock`). Without a compiler the ``cpu``
+backend is simply unavailable and the worker falls back to ``torch``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -21,6 +23,7 @@ import shutil
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 from .errors import BackendNotAvailable
 
@@ -112,7 +115,8 @@ STALE_LOCK_S = 900.0  # a build here takes 1-3 minutes; a lock this old was left
 
 def clear_stale_lock(directory: Path, now: float | None = None) -> bool:
     """Remove a build lock older than STALE_LOCK_S: torch's builds wait for the lock file to
-    go, so one left by a killed build (Ctrl-C on a first start) would hang every worker."""
+    go, so one left by a killed build (Ctrl-C on a first start) would hang every worker.
+    (Where ``fcntl`` exists, :func:`build_lock` clears such a lock at once instead.)"""
     lock = directory / "lock"
     try:
         age = (time.time() if now is None else now) - lock.stat().st_mtime
@@ -125,19 +129,42 @@ def clear_stale_lock(directory: Path, now: float | None = None) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """One build or load at a time per folder, under an ``flock`` the kernel releases when its
+    holder dies: whoever holds it knows no live process is building, so a ``lock`` file of
+    torch's found then was left by a killed build (a worker stopped during its first
+    compile) and goes at once, instead of hanging every later start."""
+    try:
+        import fcntl
+    except ImportError:  # NOTE: not POSIX: torch's own lock file, cleared when old
+        clear_stale_lock(directory)
+        yield
+        return
+    with open(directory / "build.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            if (directory / "lock").exists():
+                log.warning("removing the build lock a killed build left: %s", directory / "lock")
+                (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
 @functools.cache  # NOTE: a failed build is cached too: it is not retried in this process
 def _build() -> ModuleType | BackendNotAvailable:
     from torch.utils import cpp_extension
 
     directory = build_dir()
-    clear_stale_lock(directory)
     try:
         log.info("loading the C++ CPU attention kernel (compiled on first use)")
-        return cpp_extension.load(
-            name="radixmesh_cpu_kernels", sources=copy_sources(directory),
-            extra_cflags=list(FLAGS), extra_ldflags=list(LDFLAGS),
-            build_directory=str(directory), verbose=False,
-        )
+        with build_lock(directory):
+            return cpp_extension.load(
+                name="radixmesh_cpu_kernels", sources=copy_sources(directory),
+                extra_cflags=list(FLAGS), extra_ldflags=list(LDFLAGS),
+                build_directory=str(directory), verbose=False,
+            )
     except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build
         log.warning("the C++ CPU kernel could not be built: %s", exc)
         return BackendNotAvailable(f"the C++ CPU kernel could not be built: {exc}")

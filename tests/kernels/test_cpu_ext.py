@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+
+import pytest
 import torch
 
 from libs.kernels import cpu_ext
@@ -71,3 +76,31 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     assert not clear_stale_lock(tmp_path) and lock.exists()  # a build may be running
     assert clear_stale_lock(tmp_path, now=lock.stat().st_mtime + STALE_LOCK_S + 1)
     assert not lock.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_a_build_killed_while_it_held_the_lock_hangs_no_later_start(tmp_path):
+    """A worker stopped during its first compile leaves torch's ``lock`` file behind; the next
+    load must not wait for it (torch's own wait never ends)."""
+    code = ("import sys, time\nfrom pathlib import Path\nfrom libs.kernels.cpu_ext import build_lock\n"
+            "d = Path(sys.argv[1])\nwith build_lock(d):\n    (d / 'lock').write_text('')\n"
+            "    print('building', flush=True)\n    time.sleep(60)\n")
+    builder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                               text=True, cwd=cpu_ext.CSRC.parents[2])
+    try:
+        assert builder.stdout.readline().strip() == "building"
+        entered = threading.Event()
+
+        def load_after() -> None:
+            with cpu_ext.build_lock(tmp_path):
+                entered.set()
+
+        waiter = threading.Thread(target=load_after, daemon=True)
+        waiter.start()
+        assert not entered.wait(0.5)  # a live build holds it: the next one waits
+        builder.kill()
+        builder.wait()
+        assert entered.wait(10)  # the kernel released the dead builder's lock
+        assert not (tmp_path / "lock").exists()  # and torch's leftover lock file is gone
+    finally:
+        builder.kill()
