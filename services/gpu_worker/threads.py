@@ -1,17 +1,24 @@
 """How many compute threads each step runs on: the worker's own measurement, not a guess.
 
 On a small CPU the best count depends on the step and on what else runs there. Measured on
-2 cores (AMD EPYC, bf16, `radixmesh bench` with its client on the same machine): two
-threads make a 64-row decode step 1.4x faster and a prefill chunk 1.5x, but a 1-row
-decode step 1.2x slower (the gateway, scheduler and broker take turns on the second
-core, and every op's barrier waits for the thread they displaced); with another process
-busy on the second core, two threads ran 4x slower than one at batch 1 and 2x at
-batch 64.
+2 cores (AMD EPYC, bf16): with another process busy on the second core, two threads ran 4x
+slower than one at batch 1 and 2x at batch 64; with the stack's own services beside the
+worker, two threads make a 1-row decode step ~1.25x faster than one (15-16 vs 19-21 ms).
 
-``ThreadChooser`` keeps, per step size (tokens in the step, in powers of two), a moving
-average of seconds per token on one thread, on half of them and on all of them; each step
-runs on the fastest, and every ``explore_every``-th step of a size tries the next of the
-others, so a change in the machine's load moves the choice within a few dozen steps.
+``ThreadChooser`` keeps, per step size (tokens in the step, in powers of two), the seconds
+per token of the last ``WINDOW`` steps on one thread, on half of them and on all of them;
+each step runs on the count whose fastest recent step is fastest, and every
+``explore_every``-th step of a size tries the next of the others, so a change in the
+machine's load moves the choice within a few dozen steps.
+
+Step times are noisy one way only: a step the broker or a service preempted runs slow,
+never fast. So each count is judged by the best of its recent steps (spikes do not move it;
+a load that slows every step does, within ``WINDOW`` steps of the count in use), and the
+choice leaves the count in use only for one faster by more than ``MARGIN``. (Before: a
+moving average of every step. In the stack at batch 1 a few slow two-thread steps in a row
+sent 10-13% of the steps to one thread, each ~1.3x slower: 57-63 tok/s against 62-73 with
+the count fixed at two. A median of five still did it after a burst of slow steps, and
+needed three tries of two threads, 96 steps apart, to come back.)
 
 A size seen for the first time starts from the nearest size already measured on every count
 (its ratios: the counts' seconds per token, rescaled by this size's first measurement), so a
@@ -21,31 +28,40 @@ chunk before them showed; with no such size yet it tries the counts from the lar
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 EXPLORE_EVERY = 32  # steps of one size between two tries of the other thread count
-ALPHA = 0.25  # weight of the newest measurement in the moving averages
+WINDOW = 5  # recent steps per count; the fastest of them judges it
+MARGIN = 0.05  # how much faster another count must look before the choice moves to it
 
 
 @dataclass
 class _Size:
     """Seconds per token of recent steps of one size, per thread count."""
 
-    per_token: dict[int, float] = field(default_factory=dict)
+    recent: dict[int, deque[float]] = field(default_factory=dict)  # counts timed on this size
+    prior: dict[int, float] = field(default_factory=dict)  # the nearest size's figures, until timed here
     steps: int = 0
     explored: int = 0  # tries of the other counts so far (they take turns)
-    own: set[int] = field(default_factory=set)  # counts timed on this size (the rest of per_token: a neighbour's prior)
+    best: int | None = None  # the count in use
+
+    def estimate(self, n: int) -> float | None:
+        window = self.recent.get(n)
+        return min(window) if window else self.prior.get(n)
 
 
 class ThreadChooser:
     """``choose(tokens)`` before a step, ``record(tokens, threads, seconds)`` after it."""
 
-    def __init__(self, max_threads: int, explore_every: int = EXPLORE_EVERY, alpha: float = ALPHA) -> None:
+    def __init__(self, max_threads: int, explore_every: int = EXPLORE_EVERY, window: int = WINDOW,
+                 margin: float = MARGIN) -> None:
         if max_threads < 1:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
         self.counts = tuple(sorted({1, max(1, max_threads // 2), max_threads}))
         self.explore_every = explore_every
-        self.alpha = alpha
+        self.window = window
+        self.margin = margin
         self._sizes: dict[int, _Size] = {}
 
     @staticmethod
@@ -59,15 +75,22 @@ class ThreadChooser:
             return self.counts[0]
         size = self._size(self.size_of(tokens))
         size.steps += 1
-        untried = [n for n in self.counts if n not in size.per_token]
+        untried = [n for n in self.counts if size.estimate(n) is None]
         if untried:
             return untried[-1]
-        best = min(self.counts, key=size.per_token.__getitem__)
+        best = self._best(size)
         if size.steps % self.explore_every == 0:
             others = [n for n in self.counts if n != best]
             size.explored += 1
             return others[size.explored % len(others)]
         return best
+
+    def _best(self, size: _Size) -> int:
+        """The fastest count by its best recent step; the one in use unless another beats it by the margin."""
+        fastest = min(self.counts, key=size.estimate)
+        if size.best is None or size.estimate(fastest) < size.estimate(size.best) * (1 - self.margin):
+            size.best = fastest
+        return size.best
 
     def record(self, tokens: int, threads: int, seconds: float) -> None:
         """How long a step of ``tokens`` tokens took on ``threads`` threads."""
@@ -75,24 +98,25 @@ class ThreadChooser:
             return
         size = self._size(self.size_of(tokens))
         value = seconds / max(1, tokens)
-        if not size.own and threads in size.per_token:  # NOTE: the prior keeps its ratios, on this size's scale
-            scale = value / size.per_token[threads]
-            size.per_token = {n: v * scale for n, v in size.per_token.items()}
-        old = size.per_token.get(threads) if threads in size.own else None
-        size.per_token[threads] = value if old is None else old + self.alpha * (value - old)
-        size.own.add(threads)
+        if not size.recent and threads in size.prior:  # NOTE: the prior keeps its ratios, on this size's scale
+            scale = value / size.prior[threads]
+            size.prior = {n: v * scale for n, v in size.prior.items()}
+        size.recent.setdefault(threads, deque(maxlen=self.window)).append(value)
 
     def _size(self, key: int) -> _Size:
-        """The record of step-size class ``key``; a new one copies the nearest class measured
-        on every count."""
+        """The record of step-size class ``key``; a new one starts from the nearest class
+        measured on every count."""
         size = self._sizes.get(key)
         if size is None:
-            known = [k for k, s in self._sizes.items() if len(s.own) == len(self.counts)]
+            known = [k for k, s in self._sizes.items() if len(s.recent) == len(self.counts)]
             size = self._sizes[key] = _Size()
             if known:
-                size.per_token = dict(self._sizes[min(known, key=lambda k: (abs(k - key), -k))].per_token)
+                near = self._sizes[min(known, key=lambda k: (abs(k - key), -k))]
+                size.prior = {n: near.estimate(n) for n in self.counts}
         return size
 
     def table(self) -> dict[int, dict[int, float]]:
-        """Step size class -> thread count -> moving average of ms per token (for logs)."""
-        return {k: {n: v * 1e3 for n, v in s.per_token.items()} for k, s in sorted(self._sizes.items())}
+        """Step size class -> thread count -> ms per token, the best of its recent steps
+        (or the prior a size started from), for logs."""
+        return {k: {n: s.estimate(n) * 1e3 for n in self.counts if s.estimate(n) is not None}
+                for k, s in sorted(self._sizes.items())}
