@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 EXPLORE_EVERY = 32  # steps of one size between two tries of the other thread count
 WINDOW = 5  # recent steps per count; the fastest of them judges it
+SURE = 3  # own steps on a count before its tries slow to one per explore_every
 MARGIN = 0.05  # how much faster another count must look before the choice moves to it
 
 
@@ -79,11 +80,20 @@ class ThreadChooser:
         if untried:
             return untried[-1]
         best = self._best(size)
-        if size.steps % self.explore_every == 0:
+        if size.steps % self._explore_period(size, best) == 0:
             others = [n for n in self.counts if n != best]
             size.explored += 1
             return others[size.explored % len(others)]
         return best
+
+    def _explore_period(self, size: _Size, best: int) -> int:
+        """Steps between tries of the other counts: a quarter of ``explore_every`` while one
+        of them has fewer than ``SURE`` steps of its own on this size, else ``explore_every``.
+        A size's first figures are the least sure (a cold first step, a neighbour's prior
+        taken in a slow spell): seen at batch 8, a new size ran its first 30 steps on one
+        thread, 1.4x slower, before its first try of two."""
+        unsure = any(len(size.recent.get(n, ())) < SURE for n in self.counts if n != best)
+        return max(1, self.explore_every // 4) if unsure else self.explore_every
 
     def _best(self, size: _Size) -> int:
         """The fastest count by its best recent step; the one in use unless another beats it by the margin."""

@@ -31,7 +31,7 @@ def test_each_size_settles_on_its_own_fastest_count():
     assert small[:2] == [2, 1]  # the first size tries each count once, the largest first
     assert big[0] == 1  # a new size starts from the nearest measured one's choice ...
     assert big[10] == 2 and big[11:].count(2) >= 80  # ... until its own try of the other count corrects it
-    assert small[2:].count(1) >= 88
+    assert small[2:].count(1) >= 85  # (its first tries of 2 come every 2 steps until it has 3)
     assert 2 in small[10:] and 1 in big[11:]  # the other count is still tried now and then
     table = chooser.table()
     assert table[1][1] < table[1][2] and table[7][2] < table[7][1]
@@ -53,7 +53,7 @@ def test_three_counts_take_turns_being_tried():
     picked = run(chooser, 128, {1: 0.010, 8: 0.002, 16: 0.003}, 80)
     assert picked[:3] == [16, 8, 1]
     later = picked[3:]
-    assert later.count(8) >= 55 and 1 in later and 16 in later
+    assert later.count(8) >= 52 and 1 in later and 16 in later
 
 
 def test_sizes_are_powers_of_two_and_one_thread_is_never_timed():
@@ -69,8 +69,8 @@ def test_a_new_size_takes_the_nearest_measured_sizes_ratios():
     assert run(chooser, 512, {1: 0.002, 2: 0.001}, 3) == [2, 1, 2]
     assert run(chooser, 1024, {1: 0.002, 2: 0.001}, 5) == [2] * 5
     single = run(chooser, 1, {1: 0.010, 2: 0.012}, 40)
-    assert single[:31] == [2] * 31  # the nearest measured size said 2 ...
-    assert single[31:] == [1] * 9  # ... until this size's first try of 1 replaced the prior
+    assert single[:7] == [2] * 7  # the nearest measured size said 2 ...
+    assert single[7:31] == [1] * 24  # ... until this size's first try of 1 (soon: a prior is unsure) replaced it
     table = chooser.table()
     assert table[11][1] == pytest.approx(2.0) and table[11][2] == pytest.approx(1.0)  # the prior, rescaled
 
@@ -80,26 +80,23 @@ def test_a_few_slow_steps_do_not_move_the_choice():
     row on two threads must not send the next dozens of steps to one thread, 1.25x slower
     (seen in the stack at batch 1 with a moving average: 10-13% of steps on one thread)."""
     chooser = ThreadChooser(2, explore_every=32)
-    assert run(chooser, 1, {1: 0.020, 2: 0.016}, 20)[2:] == [2] * 18
+    warm = run(chooser, 1, {1: 0.020, 2: 0.016}, 40)
+    assert [i + 1 for i, n in enumerate(warm) if n == 1] == [2, 8, 16, 32]  # 1 is sure after 3 steps
     for spike in (0.035, 0.040):  # two preempted steps on the count in use
         assert chooser.choose(1) == 2
         chooser.record(1, 2, spike)
-    assert run(chooser, 1, {1: 0.020, 2: 0.016}, 9) == [2] * 9  # steps 23-31 (32 is the try of 1)
+    assert run(chooser, 1, {1: 0.020, 2: 0.016}, 21) == [2] * 21  # steps 43-63 (64 is the next try of 1)
 
 
 def test_the_choice_moves_only_for_a_clear_gain():
-    """Counts within the margin of each other: the one in use stays, not a flip per noise."""
-    chooser = ThreadChooser(2, explore_every=4, margin=0.05)
-    picked = run(chooser, 8, {1: 0.0100, 2: 0.0102}, 2)
-    assert picked == [2, 1]
-    noisy = [0.0100, 0.0097, 0.0101]  # one thread's later steps: within 5% of two's
-    after = []
-    for i in range(30):
-        n = chooser.choose(8)
-        chooser.record(8, n, 8 * (noisy[i % 3] if n == 1 else 0.0102))
-        after.append(n)
-    first = after[0]
-    assert after.count(first) >= 22  # stays on its first choice save the tries of the other
+    """Another count only a little faster than the one in use (within the margin): the one in
+    use stays, rather than following every small difference the noise makes."""
+    chooser = ThreadChooser(2, explore_every=8, margin=0.05)
+    run(chooser, 8, {1: 0.0120, 2: 0.0102}, 24)  # two threads clearly faster; both timed 3+ times
+    picked = run(chooser, 8, {1: 0.0099, 2: 0.0102}, 40)  # one thread now 3% faster
+    assert [n for step, n in enumerate(picked, start=25) if step % 8] == [2] * 35  # all but the tries
+    moved = run(chooser, 8, {1: 0.0090, 2: 0.0102}, 16)  # 12% faster: the choice moves
+    assert moved[-7:-1] == [1] * 6  # (the last, step 80, a try of two)
 
 
 def test_one_fast_try_brings_back_the_count_a_burst_of_load_left():
@@ -113,3 +110,14 @@ def test_one_fast_try_brings_back_the_count_a_burst_of_load_left():
     after = run(chooser, 1, {1: 0.018, 2: 0.014}, 16)
     first_two = after.index(2)
     assert first_two < 8 and after[first_two:].count(2) >= len(after) - first_two - 1
+
+
+def test_a_cold_first_step_is_tried_again_soon():
+    """A size's first step on two threads ran cold (1.9x its speed): one thread looks faster,
+    and two must be tried again within a quarter of explore_every, not after it."""
+    chooser = ThreadChooser(2, explore_every=32)
+    assert chooser.choose(8) == 2
+    chooser.record(8, 2, 8 * 0.030)
+    picked = run(chooser, 8, {1: 0.020, 2: 0.016}, 24)
+    assert picked[:6] == [1] * 6 and picked[6] == 2  # step 8: the next try of 2 ...
+    assert picked[8:].count(2) >= 15  # ... and two from then on, save the tries of one
