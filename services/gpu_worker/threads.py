@@ -8,7 +8,8 @@ worker, two threads make a 1-row decode step ~1.25x faster than one (15-16 vs 19
 ``ThreadChooser`` keeps, per step size (tokens in the step, in powers of two), the seconds
 per token of the last ``WINDOW`` steps on one thread, on half of them and on all of them;
 each step runs on the count whose fastest recent step is fastest, and every
-``explore_every``-th step of a size tries the next of the others, so a change in the
+``explore_every``-th step of a size tries the next of the others (sooner while a count has
+few steps timed, less often once its tries keep coming out far slower), so a change in the
 machine's load moves the choice within a few dozen steps.
 
 Step times are noisy one way only: a step the broker or a service preempted runs slow,
@@ -34,6 +35,8 @@ from dataclasses import dataclass, field
 EXPLORE_EVERY = 32  # steps of one size between two tries of the other thread count
 WINDOW = 5  # recent steps per count; the fastest of them judges it
 SURE = 3  # own steps on a count before its tries slow to one per explore_every
+FAR = 1.25  # tries this much slower than the count in use, FAR_TRIES in a row: tried 4x less often
+FAR_TRIES = 2
 MARGIN = 0.05  # how much faster another count must look before the choice moves to it
 
 
@@ -46,6 +49,7 @@ class _Size:
     steps: int = 0
     explored: int = 0  # tries of the other counts so far (they take turns)
     best: int | None = None  # the count in use
+    far: int = 0  # tries in a row, of the other counts, far slower than the count in use
 
     def estimate(self, n: int) -> float | None:
         window = self.recent.get(n)
@@ -88,18 +92,32 @@ class ThreadChooser:
 
     def _explore_period(self, size: _Size, best: int) -> int:
         """Steps between tries of the other counts: a quarter of ``explore_every`` while one
-        of them has fewer than ``SURE`` steps of its own on this size, else ``explore_every``.
+        of them has fewer than ``SURE`` steps of its own on this size; four times it after
+        ``FAR_TRIES`` tries in a row each more than ``FAR`` times slower than the count in
+        use; else ``explore_every``.
+
         A size's first figures are the least sure (a cold first step, a neighbour's prior
         taken in a slow spell): seen at batch 8, a new size ran its first 30 steps on one
-        thread, 1.4x slower, before its first try of two."""
-        unsure = any(len(size.recent.get(n, ())) < SURE for n in self.counts if n != best)
-        return max(1, self.explore_every // 4) if unsure else self.explore_every
+        thread, 1.4x slower, before its first try of two. A try of a count far slower costs
+        that much: 1-2% of the steps' time at batch 1 and 8 (one thread 1.3-1.4x slower), 10%
+        with another process on the second core (two threads 4x slower at batch 1). Slower
+        tries leave the choice as quick to leave a count that slows, and up to
+        4 * explore_every steps late to come back to one that got faster; a count left in a
+        burst of load (its figures the burst's) is still tried at the usual pace until two
+        tries confirm it."""
+        others = [n for n in self.counts if n != best]
+        if any(len(size.recent.get(n, ())) < SURE for n in others):
+            return max(1, self.explore_every // 4)
+        if size.far >= FAR_TRIES:
+            return 4 * self.explore_every  # NOTE: the count in use still reacts at once: its own steps show it
+        return self.explore_every
 
     def _best(self, size: _Size) -> int:
         """The fastest count by its best recent step; the one in use unless another beats it by the margin."""
         fastest = min(self.counts, key=size.estimate)
         if size.best is None or size.estimate(fastest) < size.estimate(size.best) * (1 - self.margin):
-            size.best = fastest
+            if fastest != size.best:
+                size.best, size.far = fastest, 0  # the far tries counted were against the count left
         return size.best
 
     def record(self, tokens: int, threads: int, seconds: float) -> None:
@@ -111,6 +129,8 @@ class ThreadChooser:
         if not size.recent and threads in size.prior:  # NOTE: the prior keeps its ratios, on this size's scale
             scale = value / size.prior[threads]
             size.prior = {n: v * scale for n, v in size.prior.items()}
+        if size.best is not None and threads != size.best:  # a try of another count
+            size.far = size.far + 1 if value > FAR * size.estimate(size.best) else 0
         size.recent.setdefault(threads, deque(maxlen=self.window)).append(value)
 
     def _size(self, key: int) -> _Size:

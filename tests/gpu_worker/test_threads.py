@@ -105,8 +105,8 @@ def test_one_fast_try_brings_back_the_count_a_burst_of_load_left():
     must come back at once, not after several tries 32 steps apart."""
     chooser = ThreadChooser(2, explore_every=8)
     run(chooser, 1, {1: 0.018, 2: 0.014}, 16)
-    burst = run(chooser, 1, {1: 0.018, 2: 0.030}, 16)
-    assert burst[-6:].count(1) >= 5  # (one of them may be the try of two)
+    burst = run(chooser, 1, {1: 0.018, 2: 0.030}, 10)  # steps 17-26: one try of two in it (a second would confirm it)
+    assert burst[-5:] == [1, 1, 2, 1, 1]  # step 24 the try
     after = run(chooser, 1, {1: 0.018, 2: 0.014}, 16)
     first_two = after.index(2)
     assert first_two < 8 and after[first_two:].count(2) >= len(after) - first_two - 1
@@ -121,3 +121,14 @@ def test_a_cold_first_step_is_tried_again_soon():
     picked = run(chooser, 8, {1: 0.020, 2: 0.016}, 24)
     assert picked[:6] == [1] * 6 and picked[6] == 2  # step 8: the next try of 2 ...
     assert picked[8:].count(2) >= 15  # ... and two from then on, save the tries of one
+
+
+def test_tries_of_a_count_far_slower_slow_down_and_resume_when_it_is_not():
+    """Each try of a count 1.4x slower costs 0.4 of a step: after two such tries in a row they
+    come 4x less often; a try that is not far slower puts them back at the usual pace."""
+    chooser = ThreadChooser(2, explore_every=8)
+    picked = run(chooser, 8, {1: 0.0200, 2: 0.0140}, 160)
+    tries = [step for step, n in enumerate(picked, start=1) if n == 1]
+    assert tries == [2, 4, 6, 32, 64, 96, 128, 160]  # its first 3 steps come soon; two were far: every 4 * 8
+    later = run(chooser, 8, {1: 0.0150, 2: 0.0140}, 64)  # one thread now close: tried every 8th again
+    assert [step for step, n in enumerate(later, start=161) if n == 1] == [192, 200, 208, 216, 224]
