@@ -91,14 +91,19 @@ class ThreadChooser:
         return best
 
     def _explore_period(self, size: _Size, best: int) -> int:
-        """Steps between tries of the other counts: a quarter of ``explore_every`` while one
-        of them has fewer than ``SURE`` steps of its own on this size; four times it after
-        ``FAR_TRIES`` tries in a row each more than ``FAR`` times slower than the count in
-        use; else ``explore_every``.
+        """Steps between tries of the other counts: a quarter of ``explore_every`` while a
+        count larger than the one in use has fewer than ``SURE`` steps of its own on this
+        size; four times it after ``FAR_TRIES`` tries in a row each more than ``FAR`` times
+        slower than the count in use; else ``explore_every``.
 
         A size's first figures are the least sure (a cold first step, a neighbour's prior
         taken in a slow spell): seen at batch 8, a new size ran its first 30 steps on one
-        thread, 1.4x slower, before its first try of two. A try of a count far slower costs
+        thread, 1.4x slower, before its first try of two. Only more threads are tried early:
+        on a free machine they cost little or nothing, while a try of fewer costs the step
+        1.3-2x, which on a prefill chunk is hundreds of ms of the requests' TTFT (a batch-64
+        run with early tries of one thread gave TTFT p50 11.2 s; two A/B rounds after, 8.7 /
+        7.8 s with them and 7.1 / 8.0 s without: within this machine's noise, but the cost is
+        real per try). A try of a count far slower costs
         that much: 1-2% of the steps' time at batch 1 and 8 (one thread 1.3-1.4x slower), 10%
         with another process on the second core (two threads 4x slower at batch 1). Slower
         tries leave the choice as quick to leave a count that slows, and up to
@@ -106,7 +111,7 @@ class ThreadChooser:
         burst of load (its figures the burst's) is still tried at the usual pace until two
         tries confirm it."""
         others = [n for n in self.counts if n != best]
-        if any(len(size.recent.get(n, ())) < SURE for n in others):
+        if any(len(size.recent.get(n, ())) < SURE for n in others if n > best):
             return max(1, self.explore_every // 4)
         if size.far >= FAR_TRIES:
             return 4 * self.explore_every  # NOTE: the count in use still reacts at once: its own steps show it

@@ -69,8 +69,8 @@ def test_a_new_size_takes_the_nearest_measured_sizes_ratios():
     assert run(chooser, 512, {1: 0.002, 2: 0.001}, 3) == [2, 1, 2]
     assert run(chooser, 1024, {1: 0.002, 2: 0.001}, 5) == [2] * 5
     single = run(chooser, 1, {1: 0.010, 2: 0.012}, 40)
-    assert single[:7] == [2] * 7  # the nearest measured size said 2 ...
-    assert single[7:31] == [1] * 24  # ... until this size's first try of 1 (soon: a prior is unsure) replaced it
+    assert single[:31] == [2] * 31  # the nearest measured size said 2 (fewer threads are not tried early) ...
+    assert single[31:] == [1] * 9  # ... until this size's first try of 1 replaced the prior
     table = chooser.table()
     assert table[11][1] == pytest.approx(2.0) and table[11][2] == pytest.approx(1.0)  # the prior, rescaled
 
@@ -81,7 +81,7 @@ def test_a_few_slow_steps_do_not_move_the_choice():
     (seen in the stack at batch 1 with a moving average: 10-13% of steps on one thread)."""
     chooser = ThreadChooser(2, explore_every=32)
     warm = run(chooser, 1, {1: 0.020, 2: 0.016}, 40)
-    assert [i + 1 for i, n in enumerate(warm) if n == 1] == [2, 8, 16, 32]  # 1 is sure after 3 steps
+    assert [i + 1 for i, n in enumerate(warm) if n == 1] == [2, 32]  # fewer threads: tried at the usual pace
     for spike in (0.035, 0.040):  # two preempted steps on the count in use
         assert chooser.choose(1) == 2
         chooser.record(1, 2, spike)
@@ -129,6 +129,16 @@ def test_tries_of_a_count_far_slower_slow_down_and_resume_when_it_is_not():
     chooser = ThreadChooser(2, explore_every=8)
     picked = run(chooser, 8, {1: 0.0200, 2: 0.0140}, 160)
     tries = [step for step, n in enumerate(picked, start=1) if n == 1]
-    assert tries == [2, 4, 6, 32, 64, 96, 128, 160]  # its first 3 steps come soon; two were far: every 4 * 8
+    assert tries == [2, 8, 16, 32, 64, 96, 128, 160]  # every 8th until two far tries (8, 16), then every 4 * 8
     later = run(chooser, 8, {1: 0.0150, 2: 0.0140}, 64)  # one thread now close: tried every 8th again
     assert [step for step, n in enumerate(later, start=161) if n == 1] == [192, 200, 208, 216, 224]
+
+
+def test_fewer_threads_are_not_tried_early_on_big_steps():
+    """A new prefill size whose prior says two threads: a try of one costs a 512-token chunk
+    hundreds of ms of TTFT, so it waits for the usual pace (while more threads, cheap to try,
+    come early: test_a_cold_first_step_is_tried_again_soon)."""
+    chooser = ThreadChooser(2, explore_every=32)
+    run(chooser, 256, {1: 0.0020, 2: 0.0011}, 40)  # a measured neighbour
+    chunks = run(chooser, 512, {1: 0.0020, 2: 0.0011}, 31)
+    assert chunks == [2] * 31
