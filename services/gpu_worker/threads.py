@@ -99,19 +99,13 @@ class ThreadChooser:
         A size's first figures are the least sure (a cold first step, a neighbour's prior
         taken in a slow spell): seen at batch 8, a new size ran its first 30 steps on one
         thread, 1.4x slower, before its first try of two. Only more threads are tried early:
-        on a free machine they cost little or nothing, while a try of fewer costs the step
-        1.3-2x, which on a prefill chunk is hundreds of ms of the requests' TTFT (a batch-64
-        run with early tries of one thread gave TTFT p50 11.2 s; two A/B rounds after, 8.7 /
-        7.8 s with them and 7.1 / 8.0 s without: within this machine's noise, but the cost is
-        real per try). A try of a count far slower costs
-        that much: 1-2% of the steps' time at batch 1 and 8 (one thread 1.3-1.4x slower), 10%
-        with another process on the second core (two threads 4x slower at batch 1). Slower
-        tries leave the choice as quick to leave a count that slows, and up to
-        4 * explore_every steps late to come back to one that got faster; a count left in a
-        burst of load (its figures the burst's) is still tried at the usual pace until two
-        tries confirm it."""
-        others = [n for n in self.counts if n != best]
-        if any(len(size.recent.get(n, ())) < SURE for n in others if n > best):
+        on a free machine they cost little, while a try of fewer costs the step 1.3-2x, on a
+        prefill chunk hundreds of ms of TTFT. A try of a count far slower costs that much:
+        1-2% of the steps' time at batch 1 and 8, 10% with another process on the second
+        core; slowed tries leave the choice as quick to leave a count that slows (its own
+        steps show it) and up to 4 * explore_every steps late to come back to one that got
+        faster."""
+        if any(len(size.recent.get(n, ())) < SURE for n in self.counts if n > best):
             return max(1, self.explore_every // 4)
         if size.far >= FAR_TRIES:
             return 4 * self.explore_every  # NOTE: the count in use still reacts at once: its own steps show it
@@ -120,9 +114,9 @@ class ThreadChooser:
     def _best(self, size: _Size) -> int:
         """The fastest count by its best recent step; the one in use unless another beats it by the margin."""
         fastest = min(self.counts, key=size.estimate)
-        if size.best is None or size.estimate(fastest) < size.estimate(size.best) * (1 - self.margin):
-            if fastest != size.best:
-                size.best, size.far = fastest, 0  # the far tries counted were against the count left
+        clear_gain = size.best is None or size.estimate(fastest) < size.estimate(size.best) * (1 - self.margin)
+        if fastest != size.best and clear_gain:
+            size.best, size.far = fastest, 0  # the far tries counted were against the count left
         return size.best
 
     def record(self, tokens: int, threads: int, seconds: float) -> None:
