@@ -95,11 +95,14 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
     return torch.cat([r.get(name) for name in names], dim=0).contiguous()
 
 
-# -- packed weights: bf16 linears on a layout made for the kernel that runs them ------------
+# -- packed weights: linears on a layout made for the kernel that runs them ----------------
 #
-# torch's plain bf16 F.linear on the CPU re-lays the weight out for oneDNN on every call.
+# torch's plain bf16 F.linear on the CPU re-lays the weight out for oneDNN on every call, and
+# its plain fp32 one goes to MKL, whose small-batch sgemm streams a weight at a third of the
+# memory rate oneDNN's blocked one does (AVX2 EPYC: batch-8 LM head 20-26 ms vs 6.3).
 # Two packed forms, chosen once per model (``linear_kernel``):
-#   onednn: oneDNN's blocked layout (where it has AMX, its large-batch matmuls win);
+#   onednn: oneDNN's blocked layout, bf16 or fp32 (where it has AMX, its large-batch bf16
+#           matmuls win);
 #   tiles:  libs.kernels.gemm, on AVX512-BF16's dot instruction (CPUs without AMX): batch-1
 #           decode at about the cores' memory bandwidth, 1.6-1.9x oneDNN's gemv here, and
 #           level with it at prefill sizes.
@@ -115,24 +118,28 @@ class PackedWeight:
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether oneDNN takes packed weights of ``dtype`` here (fp32 on any CPU it runs on; bf16
+    where it computes bf16)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None) -> str:
-    """The packed form bf16 weights take here: ``onednn`` or ``tiles`` (``auto``: tiles on
-    CPUs with AVX512-BF16 and no AMX, where the kernel is built); ``plain`` where neither
-    packs. Raises ValueError for an unknown name or a kernel this machine lacks."""
+    """The packed form the linear weights take here: ``onednn`` or ``tiles`` (``auto``: tiles
+    for bf16 on CPUs with AVX512-BF16 and no AMX, where the kernel is built; oneDNN's blocked
+    layout otherwise, fp32 included); ``plain`` where neither packs. Raises ValueError for an
+    unknown name or a kernel this machine or dtype lacks."""
     if name not in LINEAR_KERNELS:
         raise ValueError(f"linear kernel {name!r} not one of {', '.join(LINEAR_KERNELS)}")
     if not can_pack(dtype, device):
         return "plain"
-    tiles = device.type == "cpu" and gemm.available()
+    tiles = device.type == "cpu" and dtype == torch.bfloat16 and gemm.available()
     if name == "auto":
         flags = cpu_flags() if flags is None else flags
         return "tiles" if tiles and "avx512_bf16" in flags and "amx_bf16" not in flags else "onednn"
     if name == "tiles" and not tiles:
-        raise ValueError("linear kernel 'tiles' needs the C++ kernels built on a CPU with AVX512-BF16")
+        raise ValueError("linear kernel 'tiles' runs bf16 weights, on a CPU with AVX512-BF16 where the C++ kernels build")
     return name
 
 

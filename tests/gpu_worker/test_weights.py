@@ -1,4 +1,4 @@
-"""Which packed form bf16 linears take (weights.linear_kernel), and linear's dispatch on it."""
+"""Which packed form linears take (weights.linear_kernel), and linear's dispatch on it."""
 
 from __future__ import annotations
 
@@ -28,11 +28,26 @@ def test_auto_takes_the_tiles_kernel_without_amx_and_onednn_with_it(monkeypatch)
         linear_kernel("tiles", torch.bfloat16, CPU, ZEN4)
 
 
-def test_fp32_and_unknown_names():
-    assert linear_kernel("auto", torch.float32, CPU, ZEN4) == "plain"
-    assert linear_kernel("tiles", torch.float32, CPU, ZEN4) == "plain"
+def test_fp32_takes_onednn_and_unknown_names_are_refused(monkeypatch):
+    monkeypatch.setattr(gemm, "available", lambda: True)
+    assert linear_kernel("auto", torch.float32, CPU, ZEN4) == "onednn"  # the tiles run bf16 only
+    assert linear_kernel("auto", torch.float32, CPU, frozenset({"avx2"})) == "onednn"
+    with pytest.raises(ValueError, match="bf16 weights"):
+        linear_kernel("tiles", torch.float32, CPU, ZEN4)
     with pytest.raises(ValueError, match="not one of"):
         linear_kernel("mkl", torch.bfloat16, CPU)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 33])
+def test_fp32_packed_linear_matches_f_linear(rows):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=gen)
+    w, bias = torch.randn(80, 96, generator=gen), torch.randn(80, generator=gen)
+    packed = pack(w, "onednn")
+    assert isinstance(packed, PackedWeight)
+    got, ref = linear(x, packed, bias), torch.nn.functional.linear(x, w, bias)
+    assert got.dtype == torch.float32 and got.shape == (rows, 80)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)  # fp32: only the summation order differs
 
 
 @needs_bf16
