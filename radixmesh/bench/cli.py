@@ -27,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target.add_argument("--workers", type=int, default=1,
                         help="gpu_workers per started stack (radixmesh-pd: as many, split "
                              "into prefill and decode workers)")
-    target.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    target.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                        help="the workers' dtype, as `radixmesh up` takes it (auto: bf16 where "
+                             "the CPU computes it natively, fp32 elsewhere)")
     target.add_argument("--kv-slots", type=int, default=16384, help="KV tokens per worker")
     target.add_argument("--threads", type=int, default=0,
                         help="torch threads per worker and for the HF baseline (0: all cores)")

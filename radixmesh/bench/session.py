@@ -140,7 +140,10 @@ def _ceilings(args: argparse.Namespace, model_dir: Path) -> dict:
         config = ModelConfig.from_dir(model_dir)
     except (ValueError, OSError, KeyError) as exc:
         return {"line": f"ceilings not measured: {exc}"}
-    got = ceilings.measure(config, getattr(torch, args.dtype), args.threads or os.cpu_count() or 1)
+    from services.gpu_worker.precision import DTYPES, resolve_dtype
+
+    dtype = DTYPES[resolve_dtype(args.dtype, "cpu").name]
+    got = ceilings.measure(config, dtype, args.threads or os.cpu_count() or 1)
     return {**dataclasses.asdict(got), "line": got.line()}
 
 

@@ -46,3 +46,33 @@ def test_pd_run_writes_class_and_transfer_tables_and_survives_a_failed_system(
                                "radixmesh-pd": "1 prefill + 1 decode"}
     assert meta["transfers"]["radixmesh-pd"]["received"] == 4
     assert [s["system"] for s in body["summaries"]] == ["radixmesh", "radixmesh-pd"]
+
+
+def test_stacks_run_the_dtype_radixmesh_up_runs_unless_told():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    dtype = next(a for a in p._actions if a.dest == "dtype")
+    assert dtype.default == "auto" and list(dtype.choices) == ["auto", "float32", "bfloat16"]
+    assert p.parse_args(["--dtype", "float32"]).dtype == "float32"
+
+
+def test_ceilings_are_measured_at_the_dtype_auto_resolves_to(tmp_path, monkeypatch):
+    import pytest
+    import torch
+
+    from services.gpu_worker import ceilings, config, precision
+
+    class Measured(Exception):
+        pass
+
+    def measure(cfg, dtype, threads):
+        raise Measured(dtype)
+
+    monkeypatch.setattr(config.ModelConfig, "from_dir", staticmethod(lambda path: None))
+    monkeypatch.setattr(ceilings, "measure", measure)
+    args = _args(tmp_path, "radixmesh")
+    for flags, want in ((frozenset({"avx2"}), torch.float32), (frozenset({"avx512_bf16"}), torch.bfloat16)):
+        monkeypatch.setattr(precision, "cpu_flags", lambda flags=flags: flags)
+        with pytest.raises(Measured) as got:
+            session._ceilings(args, tmp_path)
+        assert got.value.args[0] == want
