@@ -1,4 +1,7 @@
-"""bf16 linear layers in C++ on AVX512-BF16 (``csrc/gemm_bf16.cpp``), for CPUs without AMX.
+"""Linear layers in C++ over bf16 weights packed once: bf16 activations on AVX512-BF16's dot
+instruction (``csrc/gemm_bf16.cpp``, for CPUs without AMX), fp32 activations on AVX2 + FMA
+(``csrc/gemm_f32.cpp``: the weight widened in registers, for CPUs without native bf16
+products, where a small-batch step is bound by reading the weights and bf16 halves them).
 
 A weight [out, in] is packed once into tiles of 64 output columns, each ``in / 2`` rows of
 64 column pairs (int32: elements ``2k`` and ``2k + 1`` of a row in its low and high half),
@@ -29,6 +32,15 @@ class TiledWeight:
 
 
 @functools.cache
+def f32_available() -> bool:
+    """Whether the fp32-activation kernel is built here (the C++ module loads; AVX2 and FMA)."""
+    try:
+        return bool(cpu_ext.load().gemm_f32())
+    except BackendNotAvailable:
+        return False
+
+
+@functools.cache
 def available() -> bool:
     """Whether the kernel is built here (the C++ module loads and the CPU has AVX512-BF16)."""
     try:
@@ -38,9 +50,10 @@ def available() -> bool:
 
 
 def pack(weight: torch.Tensor) -> TiledWeight:
-    """``weight`` [out, in] (bf16, ``in`` even) in the kernel's tiles."""
-    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.shape[1] % 2:
-        raise ValueError(f"pack takes a 2-d bf16 weight with an even width, not {weight.dtype} {tuple(weight.shape)}")
+    """``weight`` [out, in] (bf16, or fp32 rounded to bf16; ``in`` even) in the kernel's tiles."""
+    if weight.dtype not in (torch.bfloat16, torch.float32) or weight.dim() != 2 or weight.shape[1] % 2:
+        raise ValueError(f"pack takes a 2-d bf16 or fp32 weight with an even width, not {weight.dtype} {tuple(weight.shape)}")
+    weight = weight.to(torch.bfloat16)
     out, width = weight.shape
     tiles = -(-out // TILE)
     pairs = weight.contiguous().view(torch.int32)  # NOTE: [out, in / 2]: little-endian pairs
@@ -50,7 +63,9 @@ def pack(weight: torch.Tensor) -> TiledWeight:
 
 
 def linear(x: torch.Tensor, w: TiledWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias`` in bf16 (fp32 accumulation), ``x`` [M, in] and ``bias`` [out] bf16."""
+    """``x @ weight.T + bias`` accumulated in fp32, in ``x``'s dtype: bf16 (AVX512-BF16) or fp32
+    (AVX2); ``x`` [M, in], ``bias`` [out] of ``x``'s dtype."""
     if x.stride(-1) != 1:
         x = x.contiguous()
-    return cpu_ext.load().linear_bf16(x, w.tiles, w.shape[0], bias)
+    run = cpu_ext.load().linear_bf16w if x.dtype == torch.float32 else cpu_ext.load().linear_bf16
+    return run(x, w.tiles, w.shape[0], bias)

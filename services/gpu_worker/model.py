@@ -23,14 +23,15 @@ class LlamaModel:
     """
 
     def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", pack: bool = True,
-                 kernel: str = "auto") -> None:
+                 kernel: str = "auto", bf16_weights: bool = False) -> None:
         self.config = cfg = ModelConfig.from_dir(path)
         self.dtype, self.device = dtype, torch.device(device)
         self.weights = load_weights(path, cfg, dtype, device)
         # NOTE: packed (oneDNN-blocked) weights are opaque to torch.compile: a compiled
         # step keeps plain ones
-        # ``kernel``: the linears' packed form (weights.linear_kernel)
-        self.linear_kernel = linear_kernel(kernel, dtype, self.device) if pack else "plain"
+        # ``kernel``: the linears' packed form (weights.linear_kernel; ``bf16_weights``: auto's
+        # pick for fp32 on AVX2)
+        self.linear_kernel = linear_kernel(kernel, dtype, self.device, bf16_weights=bf16_weights) if pack else "plain"
         self.packed = self.linear_kernel != "plain"
         if self.packed:
             pack_weights(self.weights, self.linear_kernel)

@@ -73,7 +73,8 @@ class ModelRunner:
         self.config = config = replace(config, dtype=self.dtype_choice.name)
         self.path = Path(config.model)
         self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device,
-                                 pack=config.pack_weights and not config.compile, kernel=config.linear_kernel)
+                                 pack=config.pack_weights and not config.compile, kernel=config.linear_kernel,
+                                 bf16_weights=self.dtype_choice.bf16_weights)
         mc = self.model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, DTYPES[config.dtype], self.device)

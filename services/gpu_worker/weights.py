@@ -103,9 +103,10 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
 # Two packed forms, chosen once per model (``linear_kernel``):
 #   onednn: oneDNN's blocked layout, bf16 or fp32 (where it has AMX, its large-batch bf16
 #           matmuls win);
-#   tiles:  libs.kernels.gemm, on AVX512-BF16's dot instruction (CPUs without AMX): batch-1
-#           decode at about the cores' memory bandwidth, 1.6-1.9x oneDNN's gemv here, and
-#           level with it at prefill sizes.
+#   tiles:  libs.kernels.gemm, bf16 weights: under bf16 on AVX512-BF16's dot instruction
+#           (CPUs without AMX): batch-1 decode at about the cores' memory bandwidth, 1.6-1.9x
+#           oneDNN's gemv there, and level with it at prefill sizes; under fp32 (asked for) on
+#           AVX2, widened in registers: half the bytes of an fp32 weight read per step.
 
 _LINEARS = ("qkv", "o_proj", "gate_up", "down")
 LINEAR_KERNELS = ("auto", "onednn", "tiles")
@@ -125,21 +126,27 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None) -> str:
+def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None,
+                  bf16_weights: bool = False) -> str:
     """The packed form the linear weights take here: ``onednn`` or ``tiles`` (``auto``: tiles
-    for bf16 on CPUs with AVX512-BF16 and no AMX, where the kernel is built; oneDNN's blocked
-    layout otherwise, fp32 included); ``plain`` where neither packs. Raises ValueError for an
-    unknown name or a kernel this machine or dtype lacks."""
+    for bf16 on CPUs with AVX512-BF16 and no AMX, and for fp32 with ``bf16_weights`` (dtype
+    auto on AVX2), where the kernels are built; oneDNN's blocked layout otherwise); ``plain``
+    where neither packs. Tiles under fp32 round the weights to bf16: outputs are no longer
+    fp32's. Raises ValueError for an unknown name or a kernel this machine lacks."""
     if name not in LINEAR_KERNELS:
         raise ValueError(f"linear kernel {name!r} not one of {', '.join(LINEAR_KERNELS)}")
     if not can_pack(dtype, device):
         return "plain"
-    tiles = device.type == "cpu" and dtype == torch.bfloat16 and gemm.available()
     if name == "auto":
         flags = cpu_flags() if flags is None else flags
-        return "tiles" if tiles and "avx512_bf16" in flags and "amx_bf16" not in flags else "onednn"
-    if name == "tiles" and not tiles:
-        raise ValueError("linear kernel 'tiles' runs bf16 weights, on a CPU with AVX512-BF16 where the C++ kernels build")
+        native = "avx512_bf16" in flags and "amx_bf16" not in flags
+        if dtype == torch.bfloat16 and native and gemm.available():
+            return "tiles"
+        return "tiles" if dtype == torch.float32 and bf16_weights and gemm.f32_available() else "onednn"
+    if name == "tiles" and dtype == torch.bfloat16 and not gemm.available():
+        raise ValueError("linear kernel 'tiles' runs bf16 activations on CPUs with AVX512-BF16, where the C++ kernels build")
+    if name == "tiles" and dtype == torch.float32 and not gemm.f32_available():
+        raise ValueError("linear kernel 'tiles' runs fp32 activations on CPUs with AVX2 and FMA, where the C++ kernels build")
     return name
 
 

@@ -1,4 +1,4 @@
-"""``--dtype auto``: bf16 where the hardware computes it natively, fp32 elsewhere."""
+"""``--dtype auto``: bf16 where the hardware computes it natively, fp32 elsewhere (bf16 weights\nwhere AVX2 widens them)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,17 @@ def test_auto_on_the_cpu_follows_the_bf16_flags():
     assert resolve_dtype("auto", "cpu", frozenset()).name == "float32"
 
 
+def test_auto_without_native_bf16_keeps_fp32_with_bf16_weights_where_avx2_widens_them():
+    assert resolve_dtype("auto", "cpu", ZEN3) == ("float32", resolve_dtype("auto", "cpu", ZEN3).reason, True)
+    assert "bf16" in resolve_dtype("auto", "cpu", ZEN3).reason
+    assert not resolve_dtype("auto", "cpu", frozenset({"sse4_2"})).bf16_weights  # no AVX2: fp32 weights
+    assert not resolve_dtype("auto", "cpu", SAPPHIRE_RAPIDS).bf16_weights  # bf16 throughout there
+    assert not resolve_dtype("float32", "cpu", ZEN3).bf16_weights  # fp32 asked for: every weight fp32
+
+
 def test_auto_on_cuda_is_bf16_and_explicit_names_win():
     assert resolve_dtype("auto", "cuda", ZEN3).name == "bfloat16"
-    assert resolve_dtype("float32", "cpu", SAPPHIRE_RAPIDS) == ("float32", "asked for")
+    assert resolve_dtype("float32", "cpu", SAPPHIRE_RAPIDS) == ("float32", "asked for", False)
     assert resolve_dtype("bfloat16", "cpu", ZEN3).name == "bfloat16"
     with pytest.raises(ValueError, match="float16"):
         resolve_dtype("float16", "cpu")

@@ -30,9 +30,14 @@ def test_auto_takes_the_tiles_kernel_without_amx_and_onednn_with_it(monkeypatch)
 
 def test_fp32_takes_onednn_and_unknown_names_are_refused(monkeypatch):
     monkeypatch.setattr(gemm, "available", lambda: True)
-    assert linear_kernel("auto", torch.float32, CPU, ZEN4) == "onednn"  # the tiles run bf16 only
+    monkeypatch.setattr(gemm, "f32_available", lambda: True)
+    assert linear_kernel("auto", torch.float32, CPU, ZEN4) == "onednn"  # fp32 stays fp32 unless asked
     assert linear_kernel("auto", torch.float32, CPU, frozenset({"avx2"})) == "onednn"
-    with pytest.raises(ValueError, match="bf16 weights"):
+    assert linear_kernel("tiles", torch.float32, CPU, frozenset({"avx2"})) == "tiles"
+    assert linear_kernel("auto", torch.float32, CPU, frozenset({"avx2"}), bf16_weights=True) == "tiles"  # auto's pick
+    monkeypatch.setattr(gemm, "f32_available", lambda: False)  # no compiler: fp32 weights after all
+    assert linear_kernel("auto", torch.float32, CPU, frozenset({"avx2"}), bf16_weights=True) == "onednn"
+    with pytest.raises(ValueError, match="AVX2 and FMA"):
         linear_kernel("tiles", torch.float32, CPU, ZEN4)
     with pytest.raises(ValueError, match="not one of"):
         linear_kernel("mkl", torch.bfloat16, CPU)

@@ -1,4 +1,5 @@
-"""The bf16 linear kernel (libs.kernels.gemm, csrc/gemm_bf16.cpp) against fp32 matmuls."""
+"""The bf16 linear kernel (libs.kernels.gemm, csrc/gemm_bf16.cpp) against fp32 matmuls, and the
+tiles both kernels read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from libs.kernels import cpu_ext, gemm
 
-pytestmark = pytest.mark.skipif(not gemm.available(), reason="needs the C++ kernels on a CPU with AVX512-BF16")
+needs_bf16 = pytest.mark.skipif(not gemm.available(), reason="needs the C++ kernels on a CPU with AVX512-BF16")
 
 
 def _case(gen, m: int, n: int, k: int):
@@ -24,6 +25,7 @@ def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
     assert float(err.max()) < 2**-7, float(err.max())
 
 
+@needs_bf16
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 8, 13, 64])
 @pytest.mark.parametrize("n, k", [(960, 576), (576, 1536), (100, 64), (17, 2)])
 def test_linear_matches_an_fp32_matmul(gen, m, n, k):
@@ -31,6 +33,7 @@ def test_linear_matches_an_fp32_matmul(gen, m, n, k):
     _close(gemm.linear(x, gemm.pack(w)), ref)
 
 
+@needs_bf16
 def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen):
     x, w, ref = _case(gen, 3, 70, 32)  # two tiles, the second 6 columns wide
     bias = torch.randn(70, generator=gen).bfloat16()
@@ -39,6 +42,7 @@ def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen):
     assert out.shape == (3, 70)
 
 
+@needs_bf16
 def test_rows_of_a_wider_tensor_are_read_in_place(gen):
     """x may be a column slice (row stride > width) or 2-byte aligned: the kernel reads pairs unaligned."""
     big = torch.randn(4, 130, generator=gen).bfloat16()
@@ -58,16 +62,18 @@ def test_pack_lays_column_pairs_out_in_tiles_of_64():
     assert not tiles[1, :, 6:].any()  # padding columns are zero
 
 
+@needs_bf16
 def test_bad_shapes_are_refused(gen):
     w = gemm.pack(torch.randn(16, 8, generator=gen).bfloat16())
     with pytest.raises(RuntimeError, match="width"):
         gemm.linear(torch.randn(2, 10).bfloat16(), w)
     with pytest.raises(ValueError, match="even width"):
         gemm.pack(torch.randn(4, 5).bfloat16())
-    with pytest.raises(ValueError, match="bf16"):
-        gemm.pack(torch.randn(4, 6))
+    with pytest.raises(ValueError, match="bf16 or fp32"):
+        gemm.pack(torch.randn(4, 6).half())
 
 
+@pytest.mark.skipif(not gemm.available() and not gemm.f32_available(), reason="needs the C++ kernels")
 def test_the_kernels_parallel_loops_run_on_torchs_threads():
     """The module is built with OpenMP on torch's own runtime: its parallel_for loops use
     torch.set_num_threads' team (built without it, they ran on one thread whatever the count)."""
@@ -88,6 +94,7 @@ def test_the_kernels_parallel_loops_run_on_torchs_threads():
         torch.set_num_threads(before)
 
 
+@needs_bf16
 def test_kernels_release_the_gil_while_they_run():
     """The worker's event loop thread must run while a step computes: another Python thread
     keeps running through a long kernel call. With the GIL held it would stop for the whole

@@ -57,3 +57,8 @@ bool gemm_bf16_available();
 int64_t parallel_team(int64_t items);
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                        const c10::optional<at::Tensor>& bias);
+
+// gemm_f32.cpp: fp32 linear over the same packed bf16 weights (AVX2 + FMA)
+bool gemm_f32_available();
+at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
+                        const c10::optional<at::Tensor>& bias);

@@ -19,8 +19,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of fp32/bf16/fp16 rows, in fp32", kNoGil);
   m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k heads of fused QKV rows, in place", kNoGil);
   m.def("linear_bf16", &linear_bf16, "x @ w.T (+ bias) in bf16 over a weight packed by libs.kernels.gemm", kNoGil);
+  m.def("linear_bf16w", &linear_bf16w, "x @ w.T (+ bias) in fp32 over a bf16 weight packed by libs.kernels.gemm", kNoGil);
   m.def("parallel_team", &parallel_team, "threads an at::parallel_for over n items ran on");
   m.def("gemm_bf16", &gemm_bf16_available, "whether linear_bf16 is built (AVX512-BF16)");
+  m.def("gemm_f32", &gemm_f32_available, "whether linear_bf16w is built (AVX2 + FMA)");
   m.def("amx_bf16", &amx_bf16_available, "whether bf16 products run on oneDNN's brgemm (AMX)");
   m.def("bf16_extend", &bf16_extend_available, "whether bf16 extend products run natively (AMX or AVX512-BF16)");
 }

@@ -1,0 +1,215 @@
+// fp32 linear layers over bf16 weights, on AVX2 + FMA (CPUs without native bf16 products).
+//
+// The weights are the tiles of libs/kernels/gemm.py (gemm_bf16.cpp's layout): per 64 output
+// columns, K/2 rows of 64 column pairs, w[n][2k] in a pair's low half and w[n][2k+1] in its
+// high half. A bf16 is the top half of an fp32, so a pair widens to two fp32 lanes with one
+// shift (the even element) and one mask (the odd one); x and the output stay fp32.
+//
+// Reading half the bytes of an fp32 weight is the point: a decode step at a small batch reads
+// every weight once and is bound by memory. A micro-kernel owns 16 columns (one 64-byte slice
+// of each tile row) for R <= 4 rows; threads split a layer's slices, not its tiles, so a
+// 576-wide layer's 36 slices share two cores evenly where its 9 tiles would not.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RMK_GEMM_F32 1
+#endif
+
+// NOTE: every loop over a micro-kernel's accumulators unrolled: one left as a loop indexes the
+// array at run time, and GCC then keeps it in memory, storing each accumulator every step
+#define RMK_UNROLL _Pragma("GCC unroll 8")
+
+namespace {
+
+constexpr int64_t kTile = 64;    // output columns per packed tile
+constexpr int64_t kSlice = 16;   // output columns per micro-kernel call
+constexpr int kMaxRows = 4;      // rows per call: 4 x 2 accumulators + 4 widened weights + 2 broadcasts
+constexpr int64_t kAhead = 32;   // k pairs ahead (8 KB of a slice's stream) that are prefetched
+constexpr int64_t kWideFrom = 16;
+constexpr int64_t kPanelRows = 48;  // rows of x per panel under wide_rows (8 blocks of 6; 110-300 KB of x)  // rows from which a slice is widened once (wide_rows) instead of per row block
+
+#if defined(RMK_GEMM_F32)
+inline __m256i lanes_mask(int64_t left) {  // the first `left` (0..8) lanes set
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(left, 0, 8))), idx);
+}
+
+// out[r, 0..16) = x[r] . slice (+ bias) for R rows; `w` is the slice's first pair, tile rows 64
+// pairs apart; columns at or past n_valid are neither read from bias nor written.
+// With one or two rows the even and odd products go to separate accumulators: a single chain
+// of dependent FMAs per column block would wait on the FMA latency at batch 1.
+template <int R>
+void slice_rows(const float* x, int64_t ldx, const int32_t* w, int64_t K2, float* out, int64_t ldo,
+                int64_t n_valid, const float* bias) {
+  constexpr int A = R <= 2 ? 2 : 1;
+  __m256 acc[R][2][A];
+  RMK_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const __m256 b = bias ? _mm256_maskload_ps(bias + 8 * j, lanes_mask(n_valid - 8 * j)) : _mm256_setzero_ps();
+    RMK_UNROLL
+    for (int r = 0; r < R; ++r) {
+      acc[r][j][0] = b;
+      if constexpr (A == 2) acc[r][j][A - 1] = _mm256_setzero_ps();
+    }
+  }
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int64_t k2 = 0; k2 < K2; ++k2) {
+    const int32_t* wk = w + k2 * kTile;
+    _mm_prefetch(reinterpret_cast<const char*>(wk + kAhead * kTile), _MM_HINT_T0);
+    const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
+    const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 8));
+    const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(p0, 16));
+    const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(p0, high));
+    const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(p1, 16));
+    const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(p1, high));
+    RMK_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 xe = _mm256_broadcast_ss(x + r * ldx + 2 * k2);
+      const __m256 xo = _mm256_broadcast_ss(x + r * ldx + 2 * k2 + 1);
+      acc[r][0][0] = _mm256_fmadd_ps(e0, xe, acc[r][0][0]);
+      acc[r][1][0] = _mm256_fmadd_ps(e1, xe, acc[r][1][0]);
+      acc[r][0][A - 1] = _mm256_fmadd_ps(o0, xo, acc[r][0][A - 1]);
+      acc[r][1][A - 1] = _mm256_fmadd_ps(o1, xo, acc[r][1][A - 1]);
+    }
+  }
+  RMK_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const __m256i mask = lanes_mask(n_valid - 8 * j);
+    RMK_UNROLL
+    for (int r = 0; r < R; ++r) {
+      __m256 v = acc[r][j][0];
+      if constexpr (A == 2) v = _mm256_add_ps(v, acc[r][j][1]);
+      _mm256_maskstore_ps(out + r * ldo + 8 * j, mask, v);
+    }
+  }
+}
+
+using SliceFn = void (*)(const float*, int64_t, const int32_t*, int64_t, float*, int64_t, int64_t, const float*);
+constexpr SliceFn kSliceFns[kMaxRows + 1] = {nullptr, slice_rows<1>, slice_rows<2>, slice_rows<3>, slice_rows<4>};
+
+// A slice widened once to fp32, [K][16], for batches of many rows: the widening then costs
+// once per slice instead of once per row block, and the classic 6 x 16 micro-kernel (12
+// accumulators, 2 weight vectors, 1 broadcast) runs over it from L1 / L2.
+void widen_slice(const int32_t* w, int64_t K2, float* wide) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int64_t k2 = 0; k2 < K2; ++k2) {
+    const int32_t* wk = w + k2 * kTile;
+    _mm_prefetch(reinterpret_cast<const char*>(wk + kAhead * kTile), _MM_HINT_T0);
+    const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
+    const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 8));
+    float* even = wide + 2 * k2 * kSlice;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(even), _mm256_slli_epi32(p0, 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(even + 8), _mm256_slli_epi32(p1, 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(even + kSlice), _mm256_and_si256(p0, high));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(even + kSlice + 8), _mm256_and_si256(p1, high));
+  }
+}
+
+constexpr int kWideRows = 6;
+
+template <int R>
+void wide_rows(const float* x, int64_t ldx, const float* wide, int64_t K, float* out, int64_t ldo,
+               int64_t n_valid, const float* bias) {
+  __m256 acc[R][2];
+  RMK_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const __m256 b = bias ? _mm256_maskload_ps(bias + 8 * j, lanes_mask(n_valid - 8 * j)) : _mm256_setzero_ps();
+    RMK_UNROLL
+    for (int r = 0; r < R; ++r) acc[r][j] = b;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(wide + k * kSlice), w1 = _mm256_loadu_ps(wide + k * kSlice + 8);
+    RMK_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + r * ldx + k);
+      acc[r][0] = _mm256_fmadd_ps(w0, xb, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, xb, acc[r][1]);
+    }
+  }
+  RMK_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const __m256i mask = lanes_mask(n_valid - 8 * j);
+    RMK_UNROLL
+    for (int r = 0; r < R; ++r) _mm256_maskstore_ps(out + r * ldo + 8 * j, mask, acc[r][j]);
+  }
+}
+
+using WideFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, const float*);
+constexpr WideFn kWideRowFns[kWideRows + 1] = {nullptr, wide_rows<1>, wide_rows<2>, wide_rows<3>,
+                                               wide_rows<4>, wide_rows<5>, wide_rows<6>};
+#endif
+
+}  // namespace
+
+bool gemm_f32_available() {
+#if defined(RMK_GEMM_F32)
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
+                        const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be [M, K] fp32 rows");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.is_contiguous() &&
+                  packed.size(2) == kTile, "packed must be [tiles, K/2, 64] int32 pairs (libs.kernels.gemm.pack)");
+  const int64_t M = x.size(0), K = x.size(1), K2 = packed.size(1), T = packed.size(0);
+  TORCH_CHECK(K % 2 == 0 && K2 == K / 2, "x's width must be the weight's (an even number)");
+  TORCH_CHECK(n_out > (T - 1) * kTile && n_out <= T * kTile, "n_out does not match the packed weight");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->numel() == n_out && bias->scalar_type() == at::kFloat && bias->is_contiguous(),
+                "bias must be n_out contiguous fp32 values");
+  }
+  at::Tensor out = at::empty({M, n_out}, x.options());
+#if defined(RMK_GEMM_F32)
+  if (M == 0) return out;
+  const float* xp = x.data_ptr<float>();
+  const int32_t* wp = packed.data_ptr<int32_t>();
+  const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const int64_t ldx = x.stride(0), slices = (n_out + kSlice - 1) / kSlice;
+  const bool wide = M >= kWideFrom;
+  const int64_t most = wide ? kWideRows : kMaxRows;
+  const int64_t m_blocks = (M + most - 1) / most;
+  const int64_t rows_per = wide ? kWideRows : (M + m_blocks - 1) / m_blocks;
+  // NOTE: many rows go a panel at a time: the panel's x stays in L2 while the thread's
+  // slices are widened and run over it in turn (x read from memory for every slice: 0.74x
+  // oneDNN at 256 rows)
+  const int64_t panel = wide ? kPanelRows : M;
+  at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(wide ? K * kSlice : 0);
+    for (int64_t p0 = 0; p0 < M; p0 += panel) {
+      const int64_t p1 = std::min(M, p0 + panel);
+      for (int64_t s = begin; s < end; ++s) {
+        const int64_t t = s / (kTile / kSlice), n0 = s * kSlice;
+        const int32_t* ws = wp + t * K2 * kTile + (s % (kTile / kSlice)) * kSlice;
+        const int64_t n_valid = std::min(kSlice, n_out - n0);
+        const float* bs = bp ? bp + n0 : nullptr;
+        if (wide) widen_slice(ws, K2, scratch.data());
+        for (int64_t m0 = p0; m0 < p1; m0 += rows_per) {
+          const int64_t rows = std::min(rows_per, p1 - m0);
+          float* o = op + m0 * n_out + n0;
+          if (wide) {
+            kWideRowFns[rows](xp + m0 * ldx, ldx, scratch.data(), K, o, n_out, n_valid, bs);
+          } else {
+            kSliceFns[rows](xp + m0 * ldx, ldx, ws, K2, o, n_out, n_valid, bs);
+          }
+        }
+      }
+    }
+  });
+#else
+  TORCH_CHECK(false, "linear_bf16w needs AVX2 and FMA");
+#endif
+  return out;
+}

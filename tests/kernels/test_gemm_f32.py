@@ -1,0 +1,107 @@
+"""The fp32 linear kernel over packed bf16 weights (libs.kernels.gemm, csrc/gemm_f32.cpp)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from libs.kernels import gemm
+
+pytestmark = pytest.mark.skipif(not gemm.f32_available(), reason="needs the C++ kernels on a CPU with AVX2 and FMA")
+
+
+def _case(gen, m: int, n: int, k: int):
+    x = torch.randn(m, k, generator=gen)
+    w = torch.randn(n, k, generator=gen)
+    return x, w, x @ w.bfloat16().float().T  # NOTE: the weight rounded to bf16, the rest fp32
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
+    # NOTE: fp32 sums of fp32 products (bf16 weights widen exactly): only the summation order
+    # differs from torch's, ~sqrt(K) * 2^-24 of the terms' scale
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    err = (got - ref).abs() / (ref.abs() + ref.abs().mean())
+    assert float(err.max()) < 1e-5, float(err.max())
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 13, 64])
+@pytest.mark.parametrize("n, k", [(960, 576), (576, 1536), (100, 64), (17, 2), (70, 32)])
+def test_linear_matches_an_fp32_matmul_of_the_rounded_weight(gen, m, n, k):
+    x, w, ref = _case(gen, m, n, k)
+    _close(gemm.linear(x, gemm.pack(w)), ref)
+
+
+def test_a_bf16_weight_packs_to_the_same_tiles_as_its_fp32_original(gen):
+    w = torch.randn(80, 48, generator=gen)
+    assert torch.equal(gemm.pack(w).tiles, gemm.pack(w.bfloat16()).tiles)
+
+
+def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen):
+    x, w, ref = _case(gen, 3, 70, 32)  # two tiles, the second 6 columns wide: 5 slices, the last partial
+    bias = torch.randn(70, generator=gen)
+    out = gemm.linear(x, gemm.pack(w), bias)
+    _close(out, ref + bias)
+    assert out.shape == (3, 70)
+
+
+def test_rows_of_a_wider_tensor_are_read_in_place(gen):
+    big = torch.randn(5, 130, generator=gen)
+    w = torch.randn(40, 64, generator=gen)
+    for x in (big[:, :64], big[:, 1:65]):
+        _close(gemm.linear(x, gemm.pack(w)), x @ w.bfloat16().float().T)
+
+
+def test_an_empty_batch_and_bad_arguments(gen):
+    w = gemm.pack(torch.randn(16, 8, generator=gen))
+    assert gemm.linear(torch.randn(0, 8), w).shape == (0, 16)
+    with pytest.raises(RuntimeError, match="width"):
+        gemm.linear(torch.randn(2, 10), w)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        gemm.linear(torch.randn(2, 8), w, torch.randn(16).bfloat16())
+    with pytest.raises(RuntimeError, match="bias must be"):
+        gemm.linear(torch.randn(2, 8), w, torch.randn(15))
+
+
+def test_thread_counts_give_the_same_result(gen):
+    x, w, _ = _case(gen, 7, 576, 192)
+    packed, before = gemm.pack(w), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = gemm.linear(x, packed)
+        torch.set_num_threads(2)
+        two = gemm.linear(x, packed)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)  # NOTE: threads split columns, never a sum
+
+
+def test_the_kernel_releases_the_gil_while_it_runs():
+    x, w = torch.randn(512, 1536), gemm.pack(torch.randn(4096, 1536))
+    gemm.linear(x, w)
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+
+    other = threading.Thread(target=count)
+    other.start()
+    windows = []
+    try:
+        for _ in range(5):
+            start = time.perf_counter()
+            gemm.linear(x, w)
+            windows.append((start, time.perf_counter()))
+    finally:
+        stop.set()
+        other.join()
+
+    def longest_pause(a: float, b: float) -> float:
+        seen = [a, *(t for t in ticks if a < t < b), b]
+        return max(later - earlier for earlier, later in zip(seen, seen[1:]))
+
+    assert min(longest_pause(a, b) / (b - a) for a, b in windows) < 0.5, windows
