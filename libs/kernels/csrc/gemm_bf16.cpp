@@ -113,20 +113,12 @@ bool gemm_bf16_available() {
 
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                        const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1, "x must be [M, K] bf16 rows");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.is_contiguous() &&
-                  packed.size(2) == kTile, "packed must be [tiles, K/2, 64] int32 pairs (libs.kernels.gemm.pack)");
-  const int64_t M = x.size(0), K = x.size(1), K2 = packed.size(1), T = packed.size(0);
-  TORCH_CHECK(K % 2 == 0 && K2 == K / 2, "x's width must be the weight's (an even number)");
-  TORCH_CHECK(n_out > (T - 1) * kTile && n_out <= T * kTile, "n_out does not match the packed weight");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->numel() == n_out && bias->scalar_type() == at::kBFloat16 && bias->is_contiguous(),
-                "bias must be n_out contiguous bf16 values");
-  }
+  const bool has_bias = check_linear_args(x, packed, n_out, bias, at::kBFloat16, "bf16");
+  const int64_t M = x.size(0);
   at::Tensor out = at::empty({M, n_out}, x.options());
 #if defined(RMK_GEMM_BF16)
   if (M == 0) return out;
+  const int64_t K2 = packed.size(1), T = packed.size(0);
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const __m512i* wp = reinterpret_cast<const __m512i*>(packed.data_ptr<int32_t>());
   const uint16_t* bp = has_bias ? reinterpret_cast<const uint16_t*>(bias->data_ptr<at::BFloat16>()) : nullptr;
@@ -144,6 +136,7 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n_
     }
   });
 #else
+  (void)has_bias;
   TORCH_CHECK(false, "linear_bf16 needs AVX512-BF16");
 #endif
   return out;

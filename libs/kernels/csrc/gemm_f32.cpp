@@ -42,6 +42,15 @@ inline __m256i lanes_mask(int64_t left) {  // the first `left` (0..8) lanes set
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(left, 0, 8))), idx);
 }
 
+// columns 8j .. 8j+8 of a slice's bias (zeros without one), and of an output row; lanes at or
+// past n_valid are neither read nor written
+inline __m256 bias_block(const float* bias, int64_t n_valid, int j) {
+  return bias ? _mm256_maskload_ps(bias + 8 * j, lanes_mask(n_valid - 8 * j)) : _mm256_setzero_ps();
+}
+inline void store_block(float* out, int64_t n_valid, int j, __m256 v) {
+  _mm256_maskstore_ps(out + 8 * j, lanes_mask(n_valid - 8 * j), v);
+}
+
 // out[r, 0..16) = x[r] . slice (+ bias) for R rows; `w` is the slice's first pair, tile rows 64
 // pairs apart; columns at or past n_valid are neither read from bias nor written.
 // With one or two rows the even and odd products go to separate accumulators: a single chain
@@ -53,7 +62,7 @@ void slice_rows(const float* x, int64_t ldx, const int32_t* w, int64_t K2, float
   __m256 acc[R][2][A];
   RMK_UNROLL
   for (int j = 0; j < 2; ++j) {
-    const __m256 b = bias ? _mm256_maskload_ps(bias + 8 * j, lanes_mask(n_valid - 8 * j)) : _mm256_setzero_ps();
+    const __m256 b = bias_block(bias, n_valid, j);
     RMK_UNROLL
     for (int r = 0; r < R; ++r) {
       acc[r][j][0] = b;
@@ -82,12 +91,13 @@ void slice_rows(const float* x, int64_t ldx, const int32_t* w, int64_t K2, float
   }
   RMK_UNROLL
   for (int j = 0; j < 2; ++j) {
-    const __m256i mask = lanes_mask(n_valid - 8 * j);
     RMK_UNROLL
     for (int r = 0; r < R; ++r) {
-      __m256 v = acc[r][j][0];
-      if constexpr (A == 2) v = _mm256_add_ps(v, acc[r][j][1]);
-      _mm256_maskstore_ps(out + r * ldo + 8 * j, mask, v);
+      if constexpr (A == 2) {
+        store_block(out + r * ldo, n_valid, j, _mm256_add_ps(acc[r][j][0], acc[r][j][1]));
+      } else {
+        store_block(out + r * ldo, n_valid, j, acc[r][j][0]);
+      }
     }
   }
 }
@@ -121,7 +131,7 @@ void wide_rows(const float* x, int64_t ldx, const float* wide, int64_t K, float*
   __m256 acc[R][2];
   RMK_UNROLL
   for (int j = 0; j < 2; ++j) {
-    const __m256 b = bias ? _mm256_maskload_ps(bias + 8 * j, lanes_mask(n_valid - 8 * j)) : _mm256_setzero_ps();
+    const __m256 b = bias_block(bias, n_valid, j);
     RMK_UNROLL
     for (int r = 0; r < R; ++r) acc[r][j] = b;
   }
@@ -136,9 +146,8 @@ void wide_rows(const float* x, int64_t ldx, const float* wide, int64_t K, float*
   }
   RMK_UNROLL
   for (int j = 0; j < 2; ++j) {
-    const __m256i mask = lanes_mask(n_valid - 8 * j);
     RMK_UNROLL
-    for (int r = 0; r < R; ++r) _mm256_maskstore_ps(out + r * ldo + 8 * j, mask, acc[r][j]);
+    for (int r = 0; r < R; ++r) store_block(out + r * ldo, n_valid, j, acc[r][j]);
   }
 }
 
@@ -159,20 +168,12 @@ bool gemm_f32_available() {
 
 at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                         const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, "x must be [M, K] fp32 rows");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.is_contiguous() &&
-                  packed.size(2) == kTile, "packed must be [tiles, K/2, 64] int32 pairs (libs.kernels.gemm.pack)");
-  const int64_t M = x.size(0), K = x.size(1), K2 = packed.size(1), T = packed.size(0);
-  TORCH_CHECK(K % 2 == 0 && K2 == K / 2, "x's width must be the weight's (an even number)");
-  TORCH_CHECK(n_out > (T - 1) * kTile && n_out <= T * kTile, "n_out does not match the packed weight");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->numel() == n_out && bias->scalar_type() == at::kFloat && bias->is_contiguous(),
-                "bias must be n_out contiguous fp32 values");
-  }
+  const bool has_bias = check_linear_args(x, packed, n_out, bias, at::kFloat, "fp32");
+  const int64_t M = x.size(0);
   at::Tensor out = at::empty({M, n_out}, x.options());
 #if defined(RMK_GEMM_F32)
   if (M == 0) return out;
+  const int64_t K = x.size(1), K2 = packed.size(1);
   const float* xp = x.data_ptr<float>();
   const int32_t* wp = packed.data_ptr<int32_t>();
   const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
@@ -209,6 +210,7 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n
     }
   });
 #else
+  (void)has_bias;
   TORCH_CHECK(false, "linear_bf16w needs AVX2 and FMA");
 #endif
   return out;

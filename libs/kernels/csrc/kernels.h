@@ -58,6 +58,24 @@ int64_t parallel_team(int64_t items);
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                        const c10::optional<at::Tensor>& bias);
 
+// the linears' shared argument checks: x [M, K] rows of `type`, `packed` the [tiles, K/2, 64]
+// int32 pairs of libs/kernels/gemm.py for n_out columns, bias (if any) n_out values of `type`;
+// returns whether there is a bias
+inline bool check_linear_args(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
+                              const c10::optional<at::Tensor>& bias, at::ScalarType type, const char* type_name) {
+  constexpr int64_t kTileColumns = 64;
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == type && x.stride(1) == 1, "x must be [M, K] ", type_name, " rows");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.is_contiguous() &&
+                  packed.size(2) == kTileColumns, "packed must be [tiles, K/2, 64] int32 pairs (libs.kernels.gemm.pack)");
+  const int64_t K = x.size(1), T = packed.size(0);
+  TORCH_CHECK(K % 2 == 0 && packed.size(1) == K / 2, "x's width must be the weight's (an even number)");
+  TORCH_CHECK(n_out > (T - 1) * kTileColumns && n_out <= T * kTileColumns, "n_out does not match the packed weight");
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || (bias->numel() == n_out && bias->scalar_type() == type && bias->is_contiguous()),
+              "bias must be n_out contiguous ", type_name, " values");
+  return has_bias;
+}
+
 // gemm_f32.cpp: fp32 linear over the same packed bf16 weights (AVX2 + FMA)
 bool gemm_f32_available();
 at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
