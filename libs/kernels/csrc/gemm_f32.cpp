@@ -42,6 +42,21 @@ inline __m256i lanes_mask(int64_t left) {  // the first `left` (0..8) lanes set
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(left, 0, 8))), idx);
 }
 
+// one tile row of a slice, 16 column pairs, as fp32: the even elements (w[n][2k], a pair's low
+// half shifted up) and the odd ones (its high half, masked) of columns 0-7 and 8-15; the row
+// kAhead rows on is asked for meanwhile
+struct Widened {
+  __m256 e0, o0, e1, o1;
+};
+inline Widened widen_row(const int32_t* wk) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  _mm_prefetch(reinterpret_cast<const char*>(wk + kAhead * kTile), _MM_HINT_T0);
+  const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
+  const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 8));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(p0, 16)), _mm256_castsi256_ps(_mm256_and_si256(p0, high)),
+          _mm256_castsi256_ps(_mm256_slli_epi32(p1, 16)), _mm256_castsi256_ps(_mm256_and_si256(p1, high))};
+}
+
 // columns 8j .. 8j+8 of a slice's bias (zeros without one), and of an output row; lanes at or
 // past n_valid are neither read nor written
 inline __m256 bias_block(const float* bias, int64_t n_valid, int j) {
@@ -69,16 +84,8 @@ void slice_rows(const float* x, int64_t ldx, const int32_t* w, int64_t K2, float
       if constexpr (A == 2) acc[r][j][A - 1] = _mm256_setzero_ps();
     }
   }
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t k2 = 0; k2 < K2; ++k2) {
-    const int32_t* wk = w + k2 * kTile;
-    _mm_prefetch(reinterpret_cast<const char*>(wk + kAhead * kTile), _MM_HINT_T0);
-    const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
-    const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 8));
-    const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(p0, 16));
-    const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(p0, high));
-    const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(p1, 16));
-    const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(p1, high));
+    const auto [e0, o0, e1, o1] = widen_row(w + k2 * kTile);
     RMK_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 xe = _mm256_broadcast_ss(x + r * ldx + 2 * k2);
@@ -109,17 +116,11 @@ constexpr SliceFn kSliceFns[kMaxRows + 1] = {nullptr, slice_rows<1>, slice_rows<
 // once per slice instead of once per row block, and the classic 6 x 16 micro-kernel (12
 // accumulators, 2 weight vectors, 1 broadcast) runs over it from L1 / L2.
 void widen_slice(const int32_t* w, int64_t K2, float* wide) {
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t k2 = 0; k2 < K2; ++k2) {
-    const int32_t* wk = w + k2 * kTile;
-    _mm_prefetch(reinterpret_cast<const char*>(wk + kAhead * kTile), _MM_HINT_T0);
-    const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
-    const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 8));
+    const Widened r = widen_row(w + k2 * kTile);
     float* even = wide + 2 * k2 * kSlice;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(even), _mm256_slli_epi32(p0, 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(even + 8), _mm256_slli_epi32(p1, 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(even + kSlice), _mm256_and_si256(p0, high));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(even + kSlice + 8), _mm256_and_si256(p1, high));
+    _mm256_storeu_ps(even, r.e0), _mm256_storeu_ps(even + 8, r.e1);
+    _mm256_storeu_ps(even + kSlice, r.o0), _mm256_storeu_ps(even + kSlice + 8, r.o1);
   }
 }
 
