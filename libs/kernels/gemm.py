@@ -67,5 +67,6 @@ def linear(x: torch.Tensor, w: TiledWeight, bias: torch.Tensor | None = None) ->
     (AVX2); ``x`` [M, in], ``bias`` [out] of ``x``'s dtype."""
     if x.stride(-1) != 1:
         x = x.contiguous()
-    run = cpu_ext.load().linear_bf16w if x.dtype == torch.float32 else cpu_ext.load().linear_bf16
+    module = cpu_ext.load()
+    run = module.linear_bf16w if x.dtype == torch.float32 else module.linear_bf16
     return run(x, w.tiles, w.shape[0], bias)

@@ -12,8 +12,8 @@ off: ``torch-ops`` runs the eager model's elementwise ops (RMSNorm, residual add
 SiLU-mul) in torch instead of the backend's own (the C++ ones of ``cpu``), ``fp32-attn``
 sends the ``cpu`` backend's extend rows to torch's SDPA (what it did on CPUs without AMX
 before its AVX512-BF16 extend); ``cpp-ops`` has a compiled step's pieces call the C++ ops
-(custom ops) instead of inductor's fused loops; ``onednn`` / ``tiles`` pick the bf16
-linears' kernel (weights.linear_kernel; default: the machine's choice); by default
+(custom ops) instead of inductor's fused loops; ``onednn`` / ``tiles`` pick the
+linears' kernel (tiles under fp32: bf16 weights, AVX2) (weights.linear_kernel; default: the machine's choice); by default
 fp32 and bf16, eager and compiled, at ``--threads``. ``--prefill N`` adds a row: one N-token prefill chunk, tokens/s. The
 systems take turns batch by batch, round after round, and the table reports medians:
 this machine is noisy (shared, the second vCPU sometimes delivers little), so only

@@ -105,8 +105,8 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
 #           matmuls win);
 #   tiles:  libs.kernels.gemm, bf16 weights: under bf16 on AVX512-BF16's dot instruction
 #           (CPUs without AMX): batch-1 decode at about the cores' memory bandwidth, 1.6-1.9x
-#           oneDNN's gemv there, and level with it at prefill sizes; under fp32 (asked for) on
-#           AVX2, widened in registers: half the bytes of an fp32 weight read per step.
+#           oneDNN's gemv there, and level with it at prefill sizes; under fp32 on AVX2 (dtype
+#           auto's pick there), widened in registers: half the bytes of an fp32 weight read.
 
 _LINEARS = ("qkv", "o_proj", "gate_up", "down")
 LINEAR_KERNELS = ("auto", "onednn", "tiles")
