@@ -34,7 +34,9 @@ _DATE = ("[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11
 _HOUR, _MIN = "(?:[01][0-9]|2[0-3])", "[0-5][0-9]"
 _TIME = f"{_HOUR}:{_MIN}:{_MIN}(?:\\.[0-9]{{1,9}})?(?:Z|[+-]{_HOUR}:{_MIN})"  # RFC 3339 full-time
 _ATOM = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
-_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+# a host label: letters, digits, inner hyphens, and not "--" as its 3rd and 4th characters (RFC 5891
+# 4.2.3.1 reserves those; validators reject them, so A-labels such as "xn--" are left out as well)
+_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]?[A-Za-z0-9]|[A-Za-z0-9-]{2}[A-Za-z0-9]|[A-Za-z0-9-](?:[A-Za-z0-9][A-Za-z0-9-]|-[A-Za-z0-9])[A-Za-z0-9-]*[A-Za-z0-9])?"
 _OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _HEX = "[0-9a-fA-F]"
 # format -> (regex of the raw text between the quotes, min length, max length or None)

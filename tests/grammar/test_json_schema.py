@@ -225,13 +225,15 @@ FREE = {"type": "object", "properties": {"meta": {"type": "object"}, "any": {}, 
         "required": ["meta", "any", "list"]}
 
 CASES = {
-    "flat": (PERSON, [ANN, {**ANN, "nick": "x\u00e9\\u0041", "score": 0, "born": "1999-12-31"}], [
+    "flat": (PERSON, [ANN, {**ANN, "nick": "x\u00e9\\u0041", "score": 0, "born": "1999-12-31"},
+                      {**ANN, "email": "a@m-a--il.e-x.co"}], [
         {k: v for k, v in ANN.items() if k != "age"},  # missing required
         {**ANN, "age": "41"}, {**ANN, "age": 151}, {**ANN, "age": -1},  # wrong type, out of range
         {**ANN, "extra": 1},  # extra key
         {**ANN, "name": "x" * 21},  # too long
         {**ANN, "born": "2023-02-29"}, {**ANN, "born": "2024-13-01"},  # bad dates
         {**ANN, "email": "ann at example.com"}, {**ANN, "role": "root"}, {**ANN, "active": 1},
+        {**ANN, "email": "ann@ma--il.example.com"}, {**ANN, "email": "ann@mail-.example.com"},  # host labels
         '{"name":"a\u0001","age":1}',  # raw control char
     ], 300),
     "nested": (ORDER, [BO], [
