@@ -62,7 +62,10 @@ def random_walk(dfa, rng: random.Random, soft_len: int = 60) -> str:
     chars, dist = _walk_tables(dfa)
     s, out = dfa.start, []
     while True:
-        moves = [(k, int(t)) for k, t in enumerate(dfa.table[s]) if t >= 0 and chars.get(k)]
+        # NOTE: in the order of the classes' first chars, not of their ids: the ids follow set
+        # order in the DFA's construction (the hash seed), and the walks must not
+        moves = sorted(((k, int(t)) for k, t in enumerate(dfa.table[s]) if t >= 0 and chars.get(k)),
+                       key=lambda move: chars[move[0]][0])
         if dfa.accepting[s] and (not moves or len(out) >= soft_len or rng.random() < 0.05):
             return "".join(out)
         if len(out) >= soft_len:
