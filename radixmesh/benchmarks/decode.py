@@ -55,6 +55,16 @@ def make_prompts(batch: int, context: int, seed: int = 0) -> list[list[int]]:
     return rng.integers(1000, 40000, size=(batch, context)).tolist()
 
 
+def check_same_setup(runner: ModelRunner, worker_log: Path) -> None:
+    """Raises unless the stack's worker loaded the runner's dtype and linear kernel (its start-up line)."""
+    want = f"({runner.config.dtype} [{runner.dtype_choice.reason}], {runner.model.linear_kernel} linears,"
+    text = worker_log.read_text(errors="replace")
+    if want not in text:
+        loaded = [line for line in text.splitlines() if " loaded " in line]
+        raise RuntimeError(f"the stack's worker does not run what the runner runs: want {want!r}, "
+                           f"its log says {loaded[-1] if loaded else 'nothing loaded'!r}")
+
+
 def bench_in_process(runner: ModelRunner, prompts: list[list[int]], steps: int) -> float:
     info = WorkerInfo(worker_id="bench", model="m", kv_slots=runner.config.kv_slots,
                       max_requests=runner.config.max_requests, max_model_len=runner.max_model_len,
@@ -162,14 +172,20 @@ def main(argv: list[str] | None = None) -> None:
 
     model = resolve_model("default")
     runner = ModelRunner(RunnerConfig(model=str(model), kv_slots=16384, dtype=args.dtype))
-    args.dtype = runner.config.dtype  # NOTE: auto resolved once, the same for every system
+    # NOTE: the stacks get the name asked for, not the runner's resolved one: on an AVX2 CPU auto
+    # resolves to float32 *with bf16 weight tiles*, and "float32" asked for keeps fp32 weights
+    # (the stacks ran 0.64x the runner at batch 1 that way: another kernel, not the stack's cost)
+    stack_dtype, args.dtype = args.dtype, runner.config.dtype
+    args.label = runner.config.dtype + (" (bf16 weights)" if runner.dtype_choice.bf16_weights else "")
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, args.dtype)).eval()
     with tempfile.TemporaryDirectory() as logs:
-        config = ephemeral_stack_config(Path(logs) / "b", threads_per_worker=args.threads, dtype=args.dtype)
-        step_by_step = ephemeral_stack_config(Path(logs) / "b0", threads_per_worker=args.threads, dtype=args.dtype,
+        config = ephemeral_stack_config(Path(logs) / "b", threads_per_worker=args.threads, dtype=stack_dtype)
+        step_by_step = ephemeral_stack_config(Path(logs) / "b0", threads_per_worker=args.threads, dtype=stack_dtype,
                                               extra={"scheduler": ["--disable-overlap-schedule"]})
         with LocalStack(config, progress=lambda m: None) as stack, \
                 LocalStack(step_by_step, progress=lambda m: None) as stack0:
+            for cfg in (config, step_by_step):
+                check_same_setup(runner, cfg.log_dir / "gpu_worker-0.log")
             for url in (stack.url, stack0.url):
                 event_loop.run(bench_stack(url, make_prompts(1, 16, seed=99), 4))  # warm-up
             # NOTE: the systems take turns, round after round, so a slow spell of
@@ -202,7 +218,7 @@ def _median(values: list[float]) -> float:
 def print_table(results: dict[int, dict[str, float]], args: argparse.Namespace) -> None:
     cores = os.cpu_count() or 1
     print(f"\ndecode tokens/s, {args.context}-token contexts, {args.steps} decode steps, "
-          f"{args.dtype}, {args.threads} threads, {cores} cores, median of {args.rounds} interleaved rounds")
+          f"{args.label}, {args.threads} threads, {cores} cores, median of {args.rounds} interleaved rounds")
     print("| batch | (a) in-process runner | (b0) stack, step by step | (b) full stack over NATS "
           "| (c) HF generate | b/b0 | b/a | b/c | (b) worker idle | (b) other cores (client) | bound |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

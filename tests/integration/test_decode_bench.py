@@ -21,3 +21,19 @@ def test_measure_stack_reads_the_idle_share_and_the_other_processes_cpu(stack):
     assert 0.0 <= run.idle < 1.0  # NOTE: NaN (no books read) fails here too
     assert run.client > 0  # this process read the streams
     assert not math.isnan(run.others) and run.others > 0  # the gateway, tokenizer, scheduler, broker
+
+
+def test_the_benchmark_refuses_a_stack_that_runs_other_linears_than_its_runner(stack, model_dir, tmp_path):
+    """The stack fixture asks for float32: a float32 runner matches its worker's start-up line; the
+    same line naming another kernel (what an auto runner on an AVX2 CPU would be) is refused."""
+    from radixmesh.benchmarks.decode import check_same_setup
+    from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
+
+    runner = ModelRunner(RunnerConfig(model=str(model_dir), kv_slots=64, max_requests=2, dtype="float32"))
+    log = stack.config.log_dir / "gpu_worker-0.log"
+    check_same_setup(runner, log)
+    kernel = runner.model.linear_kernel
+    other = tmp_path / "worker.log"
+    other.write_text(log.read_text().replace(f", {kernel} linears,", ", some-other linears,"))
+    with pytest.raises(RuntimeError, match="does not run what the runner runs"):
+        check_same_setup(runner, other)
