@@ -70,6 +70,15 @@ def test_head_dim_without_a_vector_path(gen, dtype, make):
     check_attention(make, Case([0, 40, 97], [33, 1, 5], kv_heads=2, group=3, head_dim=48, dtype=dtype), gen)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim,group", [(64, 1), (64, 2), (64, 3), (64, 4), (128, 1), (128, 2), (128, 3), (128, 4)])
+def test_decode_shapes_of_the_register_blocked_paths(gen, dtype, head_dim, group):
+    """Decode rows at every (head dim, group) the vector decode items are built for (and 128 x 3,
+    which is not): lengths that end mid-way through a group of four keys and a 64-key block, 1 to 200."""
+    check_attention(cpu_backend, Case([0, 1, 2, 62, 63, 64, 130, 199], [1] * 8, kv_heads=2, group=group,
+                                      head_dim=head_dim, dtype=dtype), gen)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_only_long_contexts(gen, dtype):
     """Every row decodes, over contexts long enough to span many pages and blocks (~4k)."""

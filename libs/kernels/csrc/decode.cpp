@@ -18,6 +18,7 @@
 #include <limits>
 #include <vector>
 
+#include "decode_avx2.h"
 #include "decode_bf16.h"
 #include "decode_vec.h"
 #include "kernels.h"
@@ -81,29 +82,45 @@ struct ItemBuffers {
   }
 };
 
-// One request, kv heads [h0, h1): Hs = (h1 - h0) * G query heads.
+// One request, kv heads [h0, h1): Hs = (h1 - h0) * G query heads, its slots in blocks of
+// kBlock keys: ``score(b, start, n)`` fills the block's scores b.sc[j * kBlock + t] from the
+// scaled query b.extra [Hs, D], the online softmax runs, ``pv(b, start, n)`` adds the block's
+// P . V to b.acc
+template <typename T, typename Score, typename PV>
+void decode_blocks(const T* q, int64_t len, const DecodeShape& s, int64_t h0, int64_t h1, T* out,
+                   std::vector<float>& buf, Score&& score, PV&& pv) {
+  const int64_t D = s.D, Hs = (h1 - h0) * s.G;
+  ItemBuffers b(buf, Hs, D, Hs * D);
+  rmk::widen(b.extra, q + h0 * s.G * D, Hs * D, s.scale);
+  for (int64_t start = 0; start < len; start += kBlock) {
+    const int64_t n = std::min(kBlock, len - start);
+    score(b, start, n);
+    for (int64_t j = 0; j < Hs; ++j) softmax_step(b.sc + j * kBlock, n, 1.0f, b.mx[j], b.sum[j], b.acc + j * D, D);
+    pv(b, start, n);
+  }
+  for (int64_t j = 0; j < Hs; ++j) rmk::narrow(out + (h0 * s.G + j) * D, b.acc + j * D, D, 1.0f / b.sum[j]);
+}
+
+// decode_blocks with the widening loops (decode_vec.h): any head dim and group
 template <typename T>
 void decode_item(const T* q, const T* k, const T* v, const int64_t* slots, int64_t len,
                  const DecodeShape& s, int64_t h0, int64_t h1, T* out, std::vector<float>& buf) {
-  const int64_t G = s.G, D = s.D, Hs = (h1 - h0) * G, row = s.kv_heads * s.D;
-  ItemBuffers b(buf, Hs, D, Hs * D);
-  float* qf = b.extra;  // [Hs, D] scaled query
-  rmk::widen(qf, q + h0 * G * D, Hs * D, s.scale);
+  const int64_t G = s.G, D = s.D, row = s.kv_heads * s.D;
   const int64_t bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
-  for (int64_t start = 0; start < len; start += kBlock) {
-    const int64_t n = std::min(kBlock, len - start);
-    const int64_t* sl = slots + start;
+  auto score = [&](ItemBuffers& b, int64_t start, int64_t n) {
     for (int64_t t = 0; t < n; ++t) {
       prefetch_rows(k, v, slots, start + t, len, row, h0 * D, bytes);
-      const T* kr = k + sl[t] * row;
+      const T* kr = k + slots[start + t] * row;
       for (int64_t h = h0; h < h1; ++h)
-        rmk::qk_heads(qf + (h - h0) * G * D, kr + h * D, G, D, b.sc + (h - h0) * G * kBlock + t, kBlock);
+        rmk::qk_heads(b.extra + (h - h0) * G * D, kr + h * D, G, D, b.sc + (h - h0) * G * kBlock + t, kBlock);
     }
-    for (int64_t j = 0; j < Hs; ++j) softmax_step(b.sc + j * kBlock, n, 1.0f, b.mx[j], b.sum[j], b.acc + j * D, D);
+  };
+  auto pv = [&](ItemBuffers& b, int64_t start, int64_t n) {
     for (int64_t h = h0; h < h1; ++h)
-      rmk::pv_heads(b.acc + (h - h0) * G * D, b.sc + (h - h0) * G * kBlock, kBlock, v + h * D, sl, n, row, D, G);
-  }
-  for (int64_t j = 0; j < Hs; ++j) rmk::narrow(out + (h0 * G + j) * D, b.acc + j * D, D, 1.0f / b.sum[j]);
+      rmk::pv_heads(b.acc + (h - h0) * G * D, b.sc + (h - h0) * G * kBlock, kBlock, v + h * D, slots + start, n, row,
+                    D, G);
+  };
+  decode_blocks(q, len, s, h0, h1, out, buf, score, pv);
 }
 
 #if defined(__AVX512BF16__)
@@ -167,8 +184,38 @@ void decode_item_pairs(const c10::BFloat16* q, const c10::BFloat16* k, const c10
 }
 #endif
 
+#if defined(RMK_DECODE_AVX2)
+// decode_blocks on AVX2 (decode_avx2.h) for D = 8 * C and G query heads per kv head: scores
+// four keys at a time (a block's last four padded with its last key: those scores land past
+// n, unread), P . V with each V row widened once for the G heads
+template <typename T, int C, int G>
+void decode_item_avx2(const T* q, const T* k, const T* v, const int64_t* slots, int64_t len, const DecodeShape& s,
+                      int64_t h0, int64_t h1, T* out, std::vector<float>& buf) {
+  constexpr int64_t D = 8 * C;
+  constexpr int GQ = G <= 3 ? G : G / 2;  // query heads per qk4 (its registers hold three)
+  const int64_t Hs = (h1 - h0) * G, row = s.kv_heads * D, bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
+  auto score = [&](ItemBuffers& b, int64_t start, int64_t n) {
+    const int64_t* sl = slots + start;
+    for (int64_t t = 0; t < n; t += 4) {
+      const T* kr[4];
+      for (int64_t i = 0; i < 4; ++i) {
+        if (t + i < n) prefetch_rows(k, v, slots, start + t + i, len, row, h0 * D, bytes);
+        kr[i] = k + sl[std::min(t + i, n - 1)] * row;
+      }
+      for (int64_t j = 0; j < Hs; j += GQ)  // NOTE: query heads j .. j + GQ - 1 share kv head h0 + j / G
+        rmk::qk4<C, GQ>(b.extra + j * D, kr, (h0 + j / G) * D, b.sc + j * kBlock + t, kBlock);
+    }
+  };
+  auto pv = [&](ItemBuffers& b, int64_t start, int64_t n) {
+    for (int64_t h = h0; h < h1; ++h)
+      rmk::pv8<C, G>(b.acc + (h - h0) * G * D, b.sc + (h - h0) * G * kBlock, kBlock, v + h * D, slots + start, n, row);
+  };
+  decode_blocks(q, len, s, h0, h1, out, buf, score, pv);
+}
+#endif
+
 // A decode_item for this dtype and shape: the dot-product one for bf16 pools where the CPU has
-// it and the shape is instantiated, else the widening loops
+// it and the shape is instantiated, the AVX2 one on CPUs without AVX-512, else the widening loops
 template <typename T>
 auto pick_item(const DecodeShape& s) {
   using Item = void (*)(const T*, const T*, const T*, const int64_t*, int64_t, const DecodeShape&, int64_t, int64_t,
@@ -183,6 +230,17 @@ auto pick_item(const DecodeShape& s) {
       if (s.D == 128 && s.G == 1) return Item{decode_item_pairs<4, 1>};
       if (s.D == 128 && s.G == 2) return Item{decode_item_pairs<4, 2>};
     }
+  }
+#endif
+#if defined(RMK_DECODE_AVX2)
+  if constexpr (rmk::kRowType<T>) {
+    if (s.D == 64 && s.G == 1) return Item{decode_item_avx2<T, 8, 1>};
+    if (s.D == 64 && s.G == 2) return Item{decode_item_avx2<T, 8, 2>};
+    if (s.D == 64 && s.G == 3) return Item{decode_item_avx2<T, 8, 3>};
+    if (s.D == 64 && s.G == 4) return Item{decode_item_avx2<T, 8, 4>};
+    if (s.D == 128 && s.G == 1) return Item{decode_item_avx2<T, 16, 1>};
+    if (s.D == 128 && s.G == 2) return Item{decode_item_avx2<T, 16, 2>};
+    if (s.D == 128 && s.G == 4) return Item{decode_item_avx2<T, 16, 4>};
   }
 #endif
   return Item{decode_item<T>};

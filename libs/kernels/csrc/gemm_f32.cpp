@@ -17,15 +17,12 @@
 #include <vector>
 
 #include "kernels.h"
+#include "vec.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define RMK_GEMM_F32 1
 #endif
-
-// NOTE: every loop over a micro-kernel's accumulators unrolled: one left as a loop indexes the
-// array at run time, and GCC then keeps it in memory, storing each accumulator every step
-#define RMK_UNROLL _Pragma("GCC unroll 8")
 
 namespace {
 
