@@ -165,17 +165,20 @@ inline float exp_sum(float* s, int64_t n, float scale, float m) {
   return sum;
 }
 
+// 2^f for |f| <= 1/2 by its degree-6 Taylor polynomial (relative error < 2e-7): the
+// coefficients, highest degree first
+constexpr float kExp2Poly[] = {1.5403530393381608e-4f, 1.3333558146428443e-3f, 9.6181291076284772e-3f,
+                               5.5504108664821580e-2f, 2.4022650695910071e-1f, 6.9314718055994531e-1f, 1.0f};
+
 #if defined(__AVX512F__)
-// e^x for x <= 0: 2^(x log2 e) = 2^n * 2^f, |f| <= 1/2, 2^f by its degree-6 Taylor
-// polynomial (relative error < 2e-7), 2^n applied by scalef (underflows to 0)
+// e^x for x <= 0: 2^(x log2 e) = 2^n * 2^f, |f| <= 1/2, 2^f by kExp2Poly, 2^n applied by
+// scalef (underflows to 0)
 inline __m512 exp512(__m512 x) {
   const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-100.0f)), _mm512_set1_ps(1.4426950408889634f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381608e-4f);
-  for (const float c : {1.3333558146428443e-3f, 9.6181291076284772e-3f, 5.5504108664821580e-2f,
-                        2.4022650695910071e-1f, 6.9314718055994531e-1f, 1.0f})
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+  __m512 p = _mm512_set1_ps(kExp2Poly[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -202,17 +205,15 @@ inline float exp_sum_v(float* s, int64_t n, float scale, float m) {
 #define RMK_MAX_SCALED max_scaled_v
 #define RMK_EXP_SUM exp_sum_v
 #elif defined(__AVX2__) && defined(__FMA__)
-// exp256: exp512's polynomial on 8 lanes; without scalef, 2^n goes into the exponent bits,
+// exp256: exp512 on 8 lanes; without scalef, 2^n goes into the exponent bits,
 // so x is clamped at -87 (n >= -126: e^-87 ~ 1.6e-38 where exp512 gives 0, nothing a
 // softmax's sum >= 1 can see)
 inline __m256 exp256(__m256 x) {
   const __m256 t = _mm256_mul_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(1.4426950408889634f));
   const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(t, n);
-  __m256 p = _mm256_set1_ps(1.5403530393381608e-4f);
-  for (const float c : {1.3333558146428443e-3f, 9.6181291076284772e-3f, 5.5504108664821580e-2f,
-                        2.4022650695910071e-1f, 6.9314718055994531e-1f, 1.0f})
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
