@@ -233,7 +233,7 @@ auto pick_item(const DecodeShape& s) {
   }
 #endif
 #if defined(RMK_DECODE_AVX2)
-  if constexpr (rmk::kRowType<T>) {
+  if constexpr (rmk::kWide<T>) {
     if (s.D == 64 && s.G == 1) return Item{decode_item_avx2<T, 8, 1>};
     if (s.D == 64 && s.G == 2) return Item{decode_item_avx2<T, 8, 2>};
     if (s.D == 64 && s.G == 3) return Item{decode_item_avx2<T, 8, 3>};

@@ -9,17 +9,12 @@
 // pace of the scattered rows' reads, ~12 GB/s.
 #pragma once
 
-#include <type_traits>
-
 #include "rows.h"
 
 #if defined(RMK_ROWS_AVX2)
 #define RMK_DECODE_AVX2 1
 
 namespace rmk {
-
-template <typename T>
-constexpr bool kRowType = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
 
 // [sum a[0], sum a[1], sum a[2], sum a[3]]
 inline __m128 hsum4(const __m256* a) {

@@ -177,16 +177,7 @@ inline __m256 sub(__m256 a, __m256 b) { return _mm256_sub_ps(a, b); }
 inline __m256 fmadd(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
 inline __m256 zero() { return _mm256_setzero_ps(); }
 inline __m256 set1(float x) { return _mm256_set1_ps(x); }
-inline float hsum(__m256 x) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-// 2^n for integral n in [-126, 127], built in the exponent field
-inline __m256 pow2i(__m256 n) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-}
+inline float hsum(__m256 x) { return hsum8(x); }
 
 // the AVX-512 exp_full's Cephes expf; 2^n applied as 2^h * 2^(n-h), h = floor(n / 2),
 // both in range for |x| <= 100, so the result over- and underflows as scalef's does
@@ -200,7 +191,7 @@ inline __m256 exp_full(__m256 x) {
     p = _mm256_fmadd_ps(p, r, set1(c));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, set1(1.0f)));
   const __m256 h = _mm256_floor_ps(_mm256_mul_ps(n, set1(0.5f)));
-  return _mm256_mul_ps(_mm256_mul_ps(p, pow2i(h)), pow2i(_mm256_sub_ps(n, h)));
+  return _mm256_mul_ps(_mm256_mul_ps(p, pow2i8(h)), pow2i8(_mm256_sub_ps(n, h)));
 }
 
 // silu(g) = g / (1 + e^-g). NOTE: the divide in asm: under -ffast-math GCC turns a vector

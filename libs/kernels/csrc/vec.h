@@ -50,6 +50,24 @@ inline void axpy_generic(float* acc, float p, const T* x, int64_t D) {
   for (int64_t d = 0; d < D; ++d) acc[d] += p * to_f(x[d]);
 }
 
+// the element types the vector loads widen to fp32
+template <typename T>
+constexpr bool kWide = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+
+#if defined(__AVX2__)
+// 8-lane pieces shared by exp256 below and rows.h's AVX2 build
+inline float hsum8(__m256 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// 2^n for integral n in [-126, 127], built in the exponent field
+inline __m256 pow2i8(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+#endif
+
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {
@@ -59,9 +77,6 @@ inline __m512 load16(const c10::BFloat16* p) {
 inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-
-template <typename T>
-constexpr bool kWide = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
 
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t D) {
@@ -214,14 +229,7 @@ inline __m256 exp256(__m256 x) {
   const __m256 f = _mm256_sub_ps(t, n);
   __m256 p = _mm256_set1_ps(kExp2Poly[0]);
   for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-inline float hsum256(__m256 a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  return _mm256_mul_ps(p, pow2i8(n));
 }
 
 inline float max_scaled_v(const float* s, int64_t n, float scale) {
@@ -244,7 +252,7 @@ inline float exp_sum_v(float* s, int64_t n, float scale, float m) {
     _mm256_storeu_ps(s + t, e);
     acc = _mm256_add_ps(acc, e);
   }
-  return hsum256(acc) + exp_sum(s + t, n - t, scale, m);
+  return hsum8(acc) + exp_sum(s + t, n - t, scale, m);
 }
 #define RMK_MAX_SCALED max_scaled_v
 #define RMK_EXP_SUM exp_sum_v
