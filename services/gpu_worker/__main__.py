@@ -75,8 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="auto: each step runs on 1, half or all of --threads, whichever has run steps of its "
                         "size fastest lately (measured as it serves); fixed: always --threads")
     p.add_argument("--linear-kernel", choices=LINEAR_KERNELS, default=env("--linear-kernel", "auto"),
-                   help="bf16 linears on the CPU: tiles (AVX512-BF16's dot instruction, our C++ kernel) or "
-                        "onednn (oneDNN's packed matmul); auto: tiles on CPUs with AVX512-BF16 and no AMX")
+                   help="linears on the CPU: tiles (our C++ kernel over bf16 weights: AVX512-BF16's dot "
+                        "instruction under bf16, widened to fp32 on AVX2), onednn (oneDNN's packed matmul) or "
+                        "tiles+onednn (fp32: the tiles below 48 rows a step, oneDNN's fp32 matmul over the same "
+                        "bf16-rounded weights from there; 4 bytes a weight more); auto: tiles under bf16 on CPUs "
+                        "with AVX512-BF16 and no AMX, tiles+onednn under dtype auto on AVX2 (tiles alone where "
+                        "the fp32 copy would take over a quarter of the free memory)")
     p.add_argument("--compile", choices=("on", "off"), default=env("--compile", "off"),
                    help="compile the model's pieces between attention calls (inductor, cached on disk)")
     p.add_argument("--compile-sizes", default=env("--compile-sizes", ",".join(map(str, DEFAULT_SIZES))),

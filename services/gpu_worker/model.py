@@ -12,7 +12,7 @@ from libs.kernels import ops as torch_ops
 from libs.kernels.ops import Rotary, rope_inv_freq
 
 from .config import ModelConfig
-from .weights import LayerWeights, linear, linear_kernel, load_weights, pack_weights
+from .weights import LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
 
 
 class LlamaModel:
@@ -31,7 +31,8 @@ class LlamaModel:
         # step keeps plain ones
         # ``kernel``: the linears' packed form (weights.linear_kernel; ``bf16_weights``: auto's
         # pick for fp32 on AVX2)
-        self.linear_kernel = linear_kernel(kernel, dtype, self.device, bf16_weights=bf16_weights) if pack else "plain"
+        self.linear_kernel = linear_kernel(kernel, dtype, self.device, bf16_weights=bf16_weights,
+                                           fp32_copy_fits=fp32_copy_fits(self.weights)) if pack else "plain"
         self.packed = self.linear_kernel != "plain"
         if self.packed:
             pack_weights(self.weights, self.linear_kernel)

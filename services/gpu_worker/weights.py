@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,15 +108,37 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
 #           (CPUs without AMX): batch-1 decode at about the cores' memory bandwidth, 1.6-1.9x
 #           oneDNN's gemv there, and level with it at prefill sizes; under fp32 on AVX2 (dtype
 #           auto's pick there), widened in registers: half the bytes of an fp32 weight read.
+#   tiles+onednn: fp32 on AVX2 (auto's pick there where the memory allows): both forms of
+#           the same bf16-rounded weights, the tiles for steps of fewer than HYBRID_ROWS rows
+#           (small decode batches, bound by reading the weights), oneDNN's fp32 matmul from
+#           there on (large batches and prefill chunks, bound by the FMAs, where its blocking
+#           beats the tiles' by 1.1-1.3x on 2 Zen 3 cores); the fp32 copy costs 4 bytes a
+#           weight more, so auto takes it only while that is under a quarter of the free memory.
 
 _LINEARS = ("qkv", "o_proj", "gate_up", "down")
-LINEAR_KERNELS = ("auto", "onednn", "tiles")
+LINEAR_KERNELS = ("auto", "onednn", "tiles", "tiles+onednn")
+HYBRID = "tiles+onednn"
+# rows from which tiles+onednn runs oneDNN: measured in-model on 2 Zen 3 cores (fp32, 300-token
+# contexts), tiles ahead at batch 16 and 32 (1.09x), oneDNN at 64 (1.11-1.14x) and prefill
+HYBRID_ROWS = 48
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     packed: torch.Tensor  # opaque oneDNN tensor
     shape: tuple[int, int]  # [out, in] of the plain weight
+
+
+@dataclass(frozen=True)
+class HybridWeight:
+    """One weight in two forms (``tiles+onednn``): the tiles below ``HYBRID_ROWS`` rows, oneDNN's from there."""
+
+    tiles: gemm.TiledWeight
+    dense: PackedWeight
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tiles.shape
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -127,14 +150,18 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None,
-                  bf16_weights: bool = False) -> str:
-    """The packed form the linear weights take here: ``onednn`` or ``tiles`` (``auto``: tiles
-    for bf16 on CPUs with AVX512-BF16 and no AMX, and for fp32 with ``bf16_weights`` (dtype
-    auto on AVX2), where the kernels are built; oneDNN's blocked layout otherwise); ``plain``
-    where neither packs. Tiles under fp32 round the weights to bf16: outputs are no longer
-    fp32's. Raises ValueError for an unknown name or a kernel this machine lacks."""
+                  bf16_weights: bool = False, fp32_copy_fits: bool = True) -> str:
+    """The packed form the linear weights take here: ``onednn``, ``tiles`` or ``tiles+onednn``
+    (``auto``: tiles for bf16 on CPUs with AVX512-BF16 and no AMX; for fp32 with
+    ``bf16_weights`` (dtype auto on AVX2), where the kernels are built, tiles+onednn, or tiles
+    alone where the fp32 copy would not fit (``fp32_copy_fits``); oneDNN's blocked layout
+    otherwise); ``plain`` where neither packs. Tiles under fp32 round the weights to bf16 (and
+    tiles+onednn's oneDNN copy with them): outputs are no longer fp32's. Raises ValueError for
+    an unknown name or a kernel this machine lacks."""
     if name not in LINEAR_KERNELS:
         raise ValueError(f"linear kernel {name!r} not one of {', '.join(LINEAR_KERNELS)}")
+    if name == HYBRID and dtype != torch.float32:
+        raise ValueError("linear kernel 'tiles+onednn' runs fp32 activations (dtype float32 or auto on AVX2)")
     if not can_pack(dtype, device):
         return "plain"
     if name == "auto":
@@ -142,19 +169,40 @@ def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: fr
         native = "avx512_bf16" in flags and "amx_bf16" not in flags
         if dtype == torch.bfloat16 and native and gemm.available():
             return "tiles"
-        return "tiles" if dtype == torch.float32 and bf16_weights and gemm.f32_available() else "onednn"
+        if dtype == torch.float32 and bf16_weights and gemm.f32_available():
+            return HYBRID if fp32_copy_fits else "tiles"
+        return "onednn"
     if name == "tiles" and dtype == torch.bfloat16 and not gemm.available():
         raise ValueError("linear kernel 'tiles' runs bf16 activations on CPUs with AVX512-BF16, where the C++ kernels build")
-    if name == "tiles" and dtype == torch.float32 and not gemm.f32_available():
-        raise ValueError("linear kernel 'tiles' runs fp32 activations on CPUs with AVX2 and FMA, where the C++ kernels build")
+    if name in ("tiles", HYBRID) and dtype == torch.float32 and not gemm.f32_available():
+        raise ValueError(f"linear kernel {name!r} runs fp32 activations on CPUs with AVX2 and FMA, where the C++ kernels build")
     return name
 
 
-def pack(w: torch.Tensor, kernel: str = "onednn") -> PackedWeight | gemm.TiledWeight:
+def pack(w: torch.Tensor, kernel: str = "onednn") -> PackedWeight | gemm.TiledWeight | HybridWeight:
     """``w`` in ``kernel``'s form; the tiles take column pairs, so an odd-width weight goes to oneDNN."""
-    if kernel == "tiles" and w.shape[1] % 2 == 0:
-        return gemm.pack(w)
+    if kernel in ("tiles", HYBRID) and w.shape[1] % 2 == 0:
+        tiles = gemm.pack(w)
+        if kernel == "tiles":
+            return tiles
+        return HybridWeight(tiles, _onednn(w.to(torch.bfloat16).to(w.dtype)))  # NOTE: the tiles' values
+    return _onednn(w)
+
+
+def _onednn(w: torch.Tensor) -> PackedWeight:
     return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(w.contiguous()), tuple(w.shape))
+
+
+def fp32_copy_fits(w: ModelWeights, share: float = 0.25, meminfo: str = "/proc/meminfo") -> bool:
+    """Whether an fp32 copy of the linear weights (tiles+onednn's second form) takes under
+    ``share`` of the memory the kernel reports available (Linux; True where it does not say)."""
+    try:
+        with open(meminfo) as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return True
+    weights = [getattr(layer, name) for layer in w.layers for name in _LINEARS] + [w.lm_head]
+    return sum(math.prod(t.shape) for t in weights) * 4 <= share * free  # NOTE: plain or packed alike
 
 
 def pack_weights(w: ModelWeights, kernel: str = "onednn") -> None:
@@ -166,9 +214,11 @@ def pack_weights(w: ModelWeights, kernel: str = "onednn") -> None:
     w.lm_head = pack(w.lm_head, kernel)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight | gemm.TiledWeight,
+def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight | gemm.TiledWeight | HybridWeight,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` over a plain or a packed weight."""
+    if isinstance(w, HybridWeight):
+        w = w.dense if x.shape[0] >= HYBRID_ROWS else w.tiles
     if isinstance(w, gemm.TiledWeight):
         return gemm.linear(x, w, bias)
     if isinstance(w, PackedWeight):

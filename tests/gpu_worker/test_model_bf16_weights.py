@@ -16,6 +16,7 @@ import torch
 from libs.kernels import gemm
 from libs.protocol.messages import ForwardBatch, NewRow
 from services.gpu_worker import ModelRunner, RunnerConfig
+from services.gpu_worker.weights import HYBRID_ROWS, fp32_copy_fits
 
 from .test_model_bf16 import NEW_TOKENS, PROMPTS, TEXT
 from .test_model_runner import GREEDY, _generate, _hf_greedy, _Slots
@@ -27,6 +28,12 @@ pytestmark = pytest.mark.skipif(not gemm.f32_available(), reason="needs the C++ 
 def tiles_runner(runner) -> ModelRunner:
     return ModelRunner(RunnerConfig(model=str(runner.path), kv_slots=2048, max_requests=16, dtype="float32",
                                     linear_kernel="tiles"))
+
+
+@pytest.fixture(scope="module")
+def hybrid_runner(runner) -> ModelRunner:
+    return ModelRunner(RunnerConfig(model=str(runner.path), kv_slots=2048, max_requests=16, dtype="float32",
+                                    linear_kernel="tiles+onednn"))
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +63,15 @@ def test_the_runner_holds_bf16_tiles_and_fp32_everything_else(tiles_runner):
     assert tiles_runner.kv.k[0].dtype == torch.float32
 
 
-def test_logits_match_hf_with_the_same_rounded_weights(tiles_runner, hf_rounded, tokenizer):
+@pytest.mark.parametrize("kernel", ["tiles", "tiles+onednn"])
+def test_logits_match_hf_with_the_same_rounded_weights(kernel, tiles_runner, hybrid_runner, hf_rounded, tokenizer):
     ids = tokenizer(TEXT)["input_ids"]
+    assert len(ids) >= HYBRID_ROWS  # tiles+onednn: the prompt's linears on oneDNN, the LM head's row on the tiles
     with torch.no_grad():
         ref = hf_rounded(torch.tensor([ids])).logits[0, -1].float()
-    err = float((_last_logits(tiles_runner, ids) - ref).abs().max() / ref.abs().max())
+    runner = tiles_runner if kernel == "tiles" else hybrid_runner
+    assert runner.model.linear_kernel == kernel
+    err = float((_last_logits(runner, ids) - ref).abs().max() / ref.abs().max())
     assert err < 1e-4, f"relative error {err:.2e}"  # the fp32 parity tests' bound
 
 
@@ -87,6 +98,8 @@ def test_dtype_auto_takes_them_on_a_cpu_without_native_bf16_and_float32_does_not
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     auto = ModelRunner(RunnerConfig(model=str(runner.path), kv_slots=64, max_requests=2))
-    assert auto.config.dtype == "float32" and auto.model.linear_kernel == "tiles"
+    # both forms where the fp32 copy fits a quarter of the free memory, the tiles alone where not
+    kernel = "tiles+onednn" if fp32_copy_fits(auto.model.weights) else "tiles"
+    assert auto.config.dtype == "float32" and auto.model.linear_kernel == kernel
     assert "bf16" in auto.dtype_choice.reason
     assert runner.model.linear_kernel == "onednn"  # the parity fixture: float32 asked for

@@ -7,7 +7,7 @@ import torch
 
 from libs.kernels import gemm
 from services.gpu_worker import weights
-from services.gpu_worker.weights import PackedWeight, can_pack, linear, linear_kernel, pack
+from services.gpu_worker.weights import HYBRID_ROWS, HybridWeight, PackedWeight, can_pack, fp32_copy_fits, linear, linear_kernel, pack
 
 CPU = torch.device("cpu")
 ZEN4 = frozenset({"avx512f", "avx512_bf16"})
@@ -34,7 +34,12 @@ def test_fp32_takes_onednn_and_unknown_names_are_refused(monkeypatch):
     assert linear_kernel("auto", torch.float32, CPU, ZEN4) == "onednn"  # fp32 stays fp32 unless asked
     assert linear_kernel("auto", torch.float32, CPU, frozenset({"avx2"})) == "onednn"
     assert linear_kernel("tiles", torch.float32, CPU, frozenset({"avx2"})) == "tiles"
-    assert linear_kernel("auto", torch.float32, CPU, frozenset({"avx2"}), bf16_weights=True) == "tiles"  # auto's pick
+    assert linear_kernel("auto", torch.float32, CPU, frozenset({"avx2"}), bf16_weights=True) == "tiles+onednn"  # auto's pick
+    # without the memory for the fp32 copy, the tiles alone
+    assert linear_kernel("auto", torch.float32, CPU, frozenset({"avx2"}), bf16_weights=True, fp32_copy_fits=False) == "tiles"
+    assert linear_kernel("tiles+onednn", torch.float32, CPU, frozenset({"avx2"})) == "tiles+onednn"
+    with pytest.raises(ValueError, match="fp32 activations"):
+        linear_kernel("tiles+onednn", torch.bfloat16, CPU, ZEN4)
     monkeypatch.setattr(gemm, "f32_available", lambda: False)  # no compiler: fp32 weights after all
     assert linear_kernel("auto", torch.float32, CPU, frozenset({"avx2"}), bf16_weights=True) == "onednn"
     with pytest.raises(ValueError, match="AVX2 and FMA"):
@@ -80,3 +85,33 @@ def test_an_odd_width_weight_takes_onednn_under_the_tiles_kernel():
     assert isinstance(packed, PackedWeight)
     x = torch.randn(3, 33).bfloat16()
     assert float((linear(x, packed).float() - x.float() @ w.float().T).abs().max()) < 0.1
+
+
+needs_f32_tiles = pytest.mark.skipif(not gemm.f32_available(), reason="the fp32 tiles kernel needs AVX2 and FMA")
+
+
+@needs_f32_tiles
+@pytest.mark.parametrize("rows", [1, HYBRID_ROWS - 1, HYBRID_ROWS, 130])
+def test_the_hybrid_form_runs_either_kernel_on_the_same_bf16_values(rows):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=gen)
+    w, bias = torch.randn(80, 96, generator=gen), torch.randn(80, generator=gen)
+    packed = pack(w, "tiles+onednn")
+    assert isinstance(packed, HybridWeight)
+    ref = torch.nn.functional.linear(x, w.bfloat16().float(), bias)  # both forms hold the weight rounded to bf16
+    torch.testing.assert_close(linear(x, packed, bias), ref, rtol=1e-5, atol=1e-4)
+    # each side of the row threshold takes its own form
+    form = packed.dense if rows >= HYBRID_ROWS else packed.tiles
+    assert torch.equal(linear(x, packed, bias), linear(x, form, bias))
+
+
+def test_the_fp32_copy_fits_against_the_memory_the_kernel_reports(tmp_path):
+    layer = type("Layer", (), {n: torch.empty(1024, 256) for n in ("qkv", "o_proj", "gate_up", "down")})()
+    w = type("W", (), {"layers": [layer] * 2, "lm_head": torch.empty(1024, 256)})()
+    need = (8 + 1) * 1024 * 256 * 4  # bytes of the fp32 copy
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: 99999999 kB\nMemAvailable: {4 * need // 1024} kB\n")
+    assert fp32_copy_fits(w, meminfo=str(meminfo))  # a quarter of the free memory
+    meminfo.write_text(f"MemTotal: 99999999 kB\nMemAvailable: {4 * need // 1024 - 1} kB\n")
+    assert not fp32_copy_fits(w, meminfo=str(meminfo))
+    assert fp32_copy_fits(w, meminfo=str(tmp_path / "absent"))  # no word from the kernel: assumed to fit
