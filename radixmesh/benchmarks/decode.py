@@ -9,7 +9,11 @@
     python -m radixmesh.benchmarks.decode [--batches 1 8 32] [--context 256] [--steps 128]
 
 Decode tokens/s excludes prefill: (a) times decode steps only; (b) counts tokens
-after the last request's first token; (c) subtracts a prefill-only generate.
+after the last request's first token; (c) subtracts a prefill-only generate. (a) and
+both stacks prefill a batch's prompts in one step (the stacks' scheduler gets a chunk
+size that holds the largest batch's), so every request's first token comes from the
+same step and (b)'s window holds decode steps only, at batch 64 as at batch 1; the KV
+pools are sized for the largest batch.
 
 For (b) the table also gives the worker's idle share over the run (the scheduler's
 books: wall time with steps queued or running, less the worker's forward time), the
@@ -154,6 +158,13 @@ def bench_hf(model, prompts: list[list[int]], steps: int) -> float:
     return len(prompts) * steps / (full - prefill)
 
 
+def run_sizes(batches: list[int], context: int, steps: int) -> tuple[int, list[str]]:
+    """KV slots for the largest batch's prompts and decodes, and the stacks' scheduler flags that
+    prefill its prompts in one step (as the in-process runner does)."""
+    slots = max(16384, max(batches) * (context + steps + 8))
+    return slots, ["--chunked-prefill-size", str(max(batches) * context)]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
@@ -171,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     model = resolve_model("default")
-    runner = ModelRunner(RunnerConfig(model=str(model), kv_slots=16384, dtype=args.dtype))
+    slots, one_step = run_sizes(args.batches, args.context, args.steps)
+    runner = ModelRunner(RunnerConfig(model=str(model), kv_slots=slots, dtype=args.dtype))
     # NOTE: the stacks get the name asked for, not the runner's resolved one: on an AVX2 CPU auto
     # resolves to float32 *with bf16 weight tiles*, and "float32" asked for keeps fp32 weights
     # (the stacks ran 0.64x the runner at batch 1 that way: another kernel, not the stack's cost)
@@ -179,9 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     args.label = runner.config.dtype + (" (bf16 weights)" if runner.dtype_choice.bf16_weights else "")
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, args.dtype)).eval()
     with tempfile.TemporaryDirectory() as logs:
-        config = ephemeral_stack_config(Path(logs) / "b", threads_per_worker=args.threads, dtype=stack_dtype)
+        config = ephemeral_stack_config(Path(logs) / "b", threads_per_worker=args.threads, dtype=stack_dtype,
+                                        kv_slots=slots, extra={"scheduler": one_step})
         step_by_step = ephemeral_stack_config(Path(logs) / "b0", threads_per_worker=args.threads, dtype=stack_dtype,
-                                              extra={"scheduler": ["--disable-overlap-schedule"]})
+                                              kv_slots=slots,
+                                              extra={"scheduler": ["--disable-overlap-schedule", *one_step]})
         with LocalStack(config, progress=lambda m: None) as stack, \
                 LocalStack(step_by_step, progress=lambda m: None) as stack0:
             for cfg in (config, step_by_step):

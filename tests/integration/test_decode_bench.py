@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from radixmesh.benchmarks.decode import make_prompts, measure_stack
+from radixmesh.benchmarks.decode import make_prompts, measure_stack, run_sizes
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux /proc only")
@@ -37,3 +37,13 @@ def test_the_benchmark_refuses_a_stack_that_runs_other_linears_than_its_runner(s
     other.write_text(log.read_text().replace(f", {kernel} linears,", ", some-other linears,"))
     with pytest.raises(RuntimeError, match="does not run what the runner runs"):
         check_same_setup(runner, other)
+
+
+def test_a_batch_64_run_gets_the_kv_and_the_one_step_prefill_it_needs():
+    """At batch 64 x 256 the prompts (16,384 tokens) overflow the default chunk (1,024) and the
+    old 16,384 slots: the stacks would prefill over many steps and count early decodes in a
+    window that starts at the last first token."""
+    slots, flags = run_sizes([1, 8, 64], 256, 128)
+    assert slots >= 64 * (256 + 128 + 1)
+    assert flags[0] == "--chunked-prefill-size" and int(flags[1]) >= 64 * 256
+    assert run_sizes([1], 256, 128)[0] == 16384  # small runs keep the old pool
