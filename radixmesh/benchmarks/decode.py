@@ -51,7 +51,7 @@ from services.scheduler.core import SchedulerCore
 from services.scheduler.request import Req
 
 from .proc_cpu import CpuMeter
-from .sse_client import stream_post
+from .sse_client import StreamTimes, stream_post
 
 
 def make_prompts(batch: int, context: int, seed: int = 0) -> list[list[int]]:
@@ -93,20 +93,31 @@ def bench_in_process(runner: ModelRunner, prompts: list[list[int]], steps: int) 
     return len(prompts) * steps / elapsed
 
 
-async def _stream_one(url: str, ids: list[int], steps: int) -> tuple[float, float, int]:
-    """(first token's time, last token's time, tokens) of one streamed request, read by
-    the lean client (sse_client.py): a heavier one takes CPU from the stack it measures."""
+async def _stream_one(url: str, ids: list[int], steps: int) -> StreamTimes:
+    """One streamed request's events, read by the lean client (sse_client.py): a heavier one
+    takes CPU from the stack it measures."""
     body = {"input_ids": ids, "stream": True,
             "sampling_params": {"max_new_tokens": steps + 1, "temperature": 0, "ignore_eos": True}}
-    times = await stream_post(url, "/generate", body)
-    return times.first, times.last, json.loads(times.last_event)["meta_info"]["completion_tokens"]
+    return await stream_post(url, "/generate", body)
+
+
+def _tokens_by(times: StreamTimes, t: float) -> int:
+    """Tokens the stream had delivered by ``t`` (its events are cumulative /generate objects)."""
+    done = [payload for at, payload in times.events if at <= t]
+    return json.loads(done[-1])["meta_info"]["completion_tokens"] if done else 0
 
 
 async def bench_stack(url: str, prompts: list[list[int]], steps: int) -> float:
+    """Tokens/s over the window from the last request's first token to the last token: the
+    tokens each request received in that window (parsed after the run), not all it decoded,
+    so a request that started decoding early adds only what fell inside."""
     results = await asyncio.gather(*(_stream_one(url, ids, steps) for ids in prompts))
-    t0 = max(r[0] for r in results)  # every request has its first token
-    t1 = max(r[1] for r in results)
-    decoded = sum(r[2] - 1 for r in results)
+    t0 = max(r.first for r in results)  # every request has its first token
+    t1 = max(r.last for r in results)
+    if t0 >= min(r.last for r in results):
+        raise RuntimeError("a request ended before the last one had its first token: the stack did not run "
+                           "the batch at once (KV slots?), so the window does not hold its decodes")
+    decoded = sum(_tokens_by(r, t1) - _tokens_by(r, t0) for r in results)
     return decoded / (t1 - t0)
 
 
@@ -161,7 +172,10 @@ def bench_hf(model, prompts: list[list[int]], steps: int) -> float:
 def run_sizes(batches: list[int], context: int, steps: int) -> tuple[int, list[str]]:
     """KV slots for the largest batch's prompts and decodes, and the stacks' scheduler flags that
     prefill its prompts in one step (as the in-process runner does)."""
-    slots = max(16384, max(batches) * (context + steps + 8))
+    # NOTE: half again over what the batch holds: the scheduler admits a request only with room
+    # for its prompt and expected output in whole pages on top of what runs; at exactly that
+    # much, four of 64 waited and started after the others had finished
+    slots = max(16384, max(batches) * (context + steps) * 3 // 2)
     return slots, ["--chunked-prefill-size", str(max(batches) * context)]
 
 

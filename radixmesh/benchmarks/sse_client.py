@@ -28,6 +28,7 @@ class StreamTimes:
     first: float  # perf_counter() when the first event arrived
     last: float  # ... the last event before [DONE]
     last_event: bytes  # that event's payload (after "data: ")
+    events: list[tuple[float, bytes]]  # every data event's arrival time and payload, in order
 
 
 class _Chunks:
@@ -83,6 +84,7 @@ async def _read_stream(reader: asyncio.StreamReader) -> StreamTimes:
     chunks = _Chunks()
     first = last = 0.0
     last_event = b""
+    events: list[tuple[float, bytes]] = []
     while not chunks.ended:
         data = await reader.read(1 << 16)
         if not data:
@@ -92,9 +94,10 @@ async def _read_stream(reader: asyncio.StreamReader) -> StreamTimes:
             first = first or now
             if event.startswith(b"data: ") and event != DONE:
                 last, last_event = now, event[6:]
+                events.append((now, last_event))
     if not last_event:
         raise StreamError("no events in the stream")
-    return StreamTimes(first, last, last_event)
+    return StreamTimes(first, last, last_event, events)
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:

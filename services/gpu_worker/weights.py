@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 from libs.kernels import gemm
 
+from . import memory
 from .config import ModelConfig
 from .precision import cpu_flags
 
@@ -193,13 +194,12 @@ def _onednn(w: torch.Tensor) -> PackedWeight:
     return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(w.contiguous()), tuple(w.shape))
 
 
-def fp32_copy_fits(w: ModelWeights, share: float = 0.25, meminfo: str = "/proc/meminfo") -> bool:
+def fp32_copy_fits(w: ModelWeights, share: float = 0.25, available: int | None = None) -> bool:
     """Whether an fp32 copy of the linear weights (tiles+onednn's second form) takes under
-    ``share`` of the memory the kernel reports available (Linux; True where it does not say)."""
-    try:
-        with open(meminfo) as f:
-            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
+    ``share`` of the memory still free (``available``, default: memory.available_bytes: the
+    kernel's figure capped by a container's limit; True where nothing says)."""
+    free = memory.available_bytes() if available is None else available
+    if free is None:
         return True
     weights = [getattr(layer, name) for layer in w.layers for name in _LINEARS] + [w.lm_head]
     return sum(math.prod(t.shape) for t in weights) * 4 <= share * free  # NOTE: plain or packed alike

@@ -48,11 +48,16 @@ def test_fp32_takes_onednn_and_unknown_names_are_refused(monkeypatch):
         linear_kernel("mkl", torch.bfloat16, CPU)
 
 
-@pytest.mark.parametrize("rows", [1, 8, 33])
-def test_fp32_packed_linear_matches_f_linear(rows):
+def _fp32_operands(rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [rows, 96], a weight [80, 96] and its bias, seeded by ``rows``."""
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 96, generator=gen)
-    w, bias = torch.randn(80, 96, generator=gen), torch.randn(80, generator=gen)
+    return x, torch.randn(80, 96, generator=gen), torch.randn(80, generator=gen)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 33])
+def test_fp32_packed_linear_matches_f_linear(rows):
+    x, w, bias = _fp32_operands(rows)
     packed = pack(w, "onednn")
     assert isinstance(packed, PackedWeight)
     got, ref = linear(x, packed, bias), torch.nn.functional.linear(x, w, bias)
@@ -93,9 +98,7 @@ needs_f32_tiles = pytest.mark.skipif(not gemm.f32_available(), reason="the fp32 
 @needs_f32_tiles
 @pytest.mark.parametrize("rows", [1, HYBRID_ROWS - 1, HYBRID_ROWS, 130])
 def test_the_hybrid_form_runs_either_kernel_on_the_same_bf16_values(rows):
-    gen = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 96, generator=gen)
-    w, bias = torch.randn(80, 96, generator=gen), torch.randn(80, generator=gen)
+    x, w, bias = _fp32_operands(rows)
     packed = pack(w, "tiles+onednn")
     assert isinstance(packed, HybridWeight)
     ref = torch.nn.functional.linear(x, w.bfloat16().float(), bias)  # both forms hold the weight rounded to bf16
@@ -105,13 +108,9 @@ def test_the_hybrid_form_runs_either_kernel_on_the_same_bf16_values(rows):
     assert torch.equal(linear(x, packed, bias), linear(x, form, bias))
 
 
-def test_the_fp32_copy_fits_against_the_memory_the_kernel_reports(tmp_path):
+def test_the_fp32_copy_fits_in_a_quarter_of_the_free_memory():
     layer = type("Layer", (), {n: torch.empty(1024, 256) for n in ("qkv", "o_proj", "gate_up", "down")})()
     w = type("W", (), {"layers": [layer] * 2, "lm_head": torch.empty(1024, 256)})()
     need = (8 + 1) * 1024 * 256 * 4  # bytes of the fp32 copy
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text(f"MemTotal: 99999999 kB\nMemAvailable: {4 * need // 1024} kB\n")
-    assert fp32_copy_fits(w, meminfo=str(meminfo))  # a quarter of the free memory
-    meminfo.write_text(f"MemTotal: 99999999 kB\nMemAvailable: {4 * need // 1024 - 1} kB\n")
-    assert not fp32_copy_fits(w, meminfo=str(meminfo))
-    assert fp32_copy_fits(w, meminfo=str(tmp_path / "absent"))  # no word from the kernel: assumed to fit
+    assert fp32_copy_fits(w, available=4 * need)
+    assert not fp32_copy_fits(w, available=4 * need - 1)

@@ -4,6 +4,7 @@ worker's idle share from the scheduler's books, the CPU of everything else."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 
@@ -44,6 +45,19 @@ def test_a_batch_64_run_gets_the_kv_and_the_one_step_prefill_it_needs():
     old 16,384 slots: the stacks would prefill over many steps and count early decodes in a
     window that starts at the last first token."""
     slots, flags = run_sizes([1, 8, 64], 256, 128)
-    assert slots >= 64 * (256 + 128 + 1)
+    assert slots >= 64 * (256 + 128) * 1.25  # whole pages and the admission's headroom
     assert flags[0] == "--chunked-prefill-size" and int(flags[1]) >= 64 * 256
     assert run_sizes([1], 256, 128)[0] == 16384  # small runs keep the old pool
+
+
+def test_the_window_counts_only_the_tokens_that_arrived_inside_it():
+    """A request that decoded before the window opened adds only what it received inside it."""
+    from radixmesh.benchmarks.decode import _tokens_by
+    from radixmesh.benchmarks.sse_client import StreamTimes
+
+    def event(n: int) -> bytes:
+        return json.dumps({"meta_info": {"completion_tokens": n}}).encode()
+
+    early = StreamTimes(1.0, 5.0, event(5), [(1.0, event(1)), (2.0, event(2)), (3.0, event(4)), (5.0, event(5))])
+    assert _tokens_by(early, 0.5) == 0 and _tokens_by(early, 2.5) == 2 and _tokens_by(early, 9.0) == 5
+    assert _tokens_by(early, 9.0) - _tokens_by(early, 3.0) == 1  # the window [3, 9]: one token
