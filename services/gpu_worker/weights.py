@@ -120,7 +120,8 @@ _LINEARS = ("qkv", "o_proj", "gate_up", "down")
 LINEAR_KERNELS = ("auto", "onednn", "tiles", "tiles+onednn")
 HYBRID = "tiles+onednn"
 # rows from which tiles+onednn runs oneDNN: measured in-model on 2 Zen 3 cores (fp32, 300-token
-# contexts), tiles ahead at batch 16 and 32 (1.09x), oneDNN at 64 (1.11-1.14x) and prefill
+# contexts), tiles ahead at batch 8 (1.49x) and 16-32 (1.09x), oneDNN at 64 (0.96-1.14x over
+# four runs, median 1.08) and on 1,024-token prefill chunks (1.02-1.30x, median 1.10)
 HYBRID_ROWS = 48
 
 
