@@ -4,8 +4,9 @@ A benchmark's client on the server's own cores takes CPU from what it measures: 
 (h11 and anyio in Python) spent ~100 us per streamed event on 2 cores, about as much as
 the gateway that produced it. This client does what a decode benchmark needs and no more:
 one connection per request, the request written in one piece, the chunked body
-de-framed as it arrives, each event's arrival time kept, the last event's bytes kept
-(a /generate stream's events are cumulative). Any status but 200 raises with the body.
+de-framed as it arrives, each data event's arrival time and bytes kept, parsed by the
+caller after the run (a /generate stream's events are cumulative). Any status but 200
+raises with the body.
 """
 
 from __future__ import annotations
