@@ -10,7 +10,11 @@ import numpy as np
 import torch
 
 from . import ops as torch_ops
+from .errors import BackendNotAvailable
 from .kv_pool import KVPool
+
+# (queries, pool): the one pair of different dtypes a backend with ``mixed_kv`` takes
+MIXED_KV = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,22 @@ class AttentionBackend(ABC):
     ``ops`` is the module of elementwise kernels (``rmsnorm``, ``add_rmsnorm``,
     ``rope_cache`` / ``rope_qk``, ``silu_mul``, same signatures as
     :mod:`libs.kernels.ops`) that suits this backend's device.
+
+    ``dtype`` is the queries' (the model's activations); the pool holds KV in another only
+    where the backend takes it (``mixed_kv``: fp32 queries over a bf16 pool, MIXED_KV).
     """
 
     name: str = ""
     ops: ModuleType = torch_ops
+    mixed_kv: bool = False
 
-    def __init__(self, kv: KVPool, scale: float | None = None) -> None:
+    def __init__(self, kv: KVPool, scale: float | None = None, dtype: torch.dtype | None = None) -> None:
         self.check_available(kv.device, kv.dtype)
+        self.dtype = kv.dtype if dtype is None else dtype
+        if self.dtype != kv.dtype and not (self.mixed_kv and (self.dtype, kv.dtype) == MIXED_KV):
+            taken = " (it takes fp32 queries over a bf16 pool)" if self.mixed_kv else ""
+            raise BackendNotAvailable(f"the {self.name} attention backend needs the KV pool in the queries' "
+                                      f"dtype ({self.dtype}), not {kv.dtype}{taken}")
         self.kv = kv
         self.scale = scale if scale is not None else kv.head_dim**-0.5
         self.capture_sizes: list[int] = []  # see init_capture

@@ -50,16 +50,17 @@ class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
     ops = cpu_ops
 
-    def __init__(self, kv, scale=None) -> None:
-        super().__init__(kv, scale)
+    def __init__(self, kv, scale=None, dtype=None) -> None:
+        super().__init__(kv, scale, dtype)
         self._kernel = cpu_ext.load()
         self._table = _EMPTY
         self._dec: _Rows | None = None
         self._ext: _Rows | None = None
         self._decode_tokens = _EMPTY  # empty: request b's token is token b
         self._decode_lens = _EMPTY
-        # extend in C++ where bf16 products run natively (AMX, AVX512-BF16), else torch's SDPA (the NOTE above)
-        self.cpp_extend = kv.dtype == torch.bfloat16 and bool(self._kernel.bf16_extend())
+        # extend in C++ where bf16 products run natively (AMX, AVX512-BF16), else torch's SDPA (the NOTE
+        # above; also for fp32 queries over a bf16 pool: decode takes that pair, extend does not)
+        self.cpp_extend = kv.dtype == self.dtype == torch.bfloat16 and bool(self._kernel.bf16_extend())
         self.native_bf16 = True  # False: the C++ extend's fp32 loops even where bf16 products would run
 
     @classmethod

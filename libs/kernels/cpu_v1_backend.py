@@ -32,9 +32,10 @@ class _Decode:
 
 class CpuV1AttentionBackend(TorchAttentionBackend):
     name = "cpu_v1"
+    mixed_kv = False
 
-    def __init__(self, kv, scale=None) -> None:
-        super().__init__(kv, scale)
+    def __init__(self, kv, scale=None, dtype=None) -> None:
+        super().__init__(kv, scale, dtype)
         self._kernel = cpu_ext.load()
 
     @classmethod

@@ -30,8 +30,8 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 class FlashInferAttentionBackend(AttentionBackend):
     name = "flashinfer"
 
-    def __init__(self, kv, scale=None) -> None:
-        super().__init__(kv, scale)
+    def __init__(self, kv, scale=None, dtype=None) -> None:
+        super().__init__(kv, scale, dtype)
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=kv.device)
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
         self._decoders: dict[bool, flashinfer.BatchDecodeWithPagedKVCacheWrapper] = {}

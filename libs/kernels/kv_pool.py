@@ -33,9 +33,10 @@ class KVPool:
         self.device = torch.device(device)
 
     def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the new tokens' K/V ([T, kv_heads, head_dim]) at ``slots`` ([T] int64)."""
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+        """Write the new tokens' K/V ([T, kv_heads, head_dim]) at ``slots`` ([T] int64), rounded
+        to the pool's dtype where the model computes in another."""
+        self.k[layer].index_copy_(0, slots, k.to(self.dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.dtype))
 
     def nbytes(self) -> int:
         return 2 * self.num_layers * self.k[0].numel() * self.k[0].element_size()

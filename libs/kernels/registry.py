@@ -43,15 +43,17 @@ def default_backend(device: torch.device | str, dtype: torch.dtype | None = None
     return "torch"
 
 
-def get_backend(name: str, kv: KVPool, scale: float | None = None) -> AttentionBackend:
-    """Instantiate the backend called ``name`` over ``kv`` (softmax ``scale`` default 1/sqrt(D)).
+def get_backend(name: str, kv: KVPool, scale: float | None = None,
+                dtype: torch.dtype | None = None) -> AttentionBackend:
+    """Instantiate the backend called ``name`` over ``kv`` (softmax ``scale`` default 1/sqrt(D))
+    for queries of ``dtype`` (None: the pool's).
 
     Raises BackendNotAvailable with the reason when the name is unknown or its
     runtime (package, device, dtype) is missing.
     """
     if name not in _BACKENDS:
         raise BackendNotAvailable(f"unknown attention backend {name!r}; known: {', '.join(_BACKENDS)}")
-    return _backend_class(name)(kv, scale)
+    return _backend_class(name)(kv, scale, dtype)
 
 
 def _backend_class(name: str) -> type[AttentionBackend]:

@@ -38,9 +38,10 @@ class _ExtendPlan:
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    mixed_kv = True  # a bf16 pool's rows are widened where they are gathered
 
-    def __init__(self, kv, scale=None) -> None:
-        super().__init__(kv, scale)
+    def __init__(self, kv, scale=None, dtype=None) -> None:
+        super().__init__(kv, scale, dtype)
         self._slots: torch.Tensor | None = None
         self._decode: _DecodePlan | None = None
         self._extends: list[_ExtendPlan] = []
@@ -136,11 +137,11 @@ class TorchAttentionBackend(AttentionBackend):
     def _attend_extend(self, layer, q, k, v, ext: _ExtendPlan) -> torch.Tensor:
         span = slice(ext.start, ext.start + ext.length)
         qi = q[span].transpose(0, 1)[None]
-        if ext.slots is None:
-            ki, vi = k[span], v[span]
+        if ext.slots is None:  # NOTE: as the pool holds them, so a cached prefix reads the same values
+            ki, vi = (x[span] if x.dtype == self.kv.dtype else x[span].to(self.kv.dtype).to(x.dtype) for x in (k, v))
         else:
-            ki = self.kv.k[layer].index_select(0, ext.slots)
-            vi = self.kv.v[layer].index_select(0, ext.slots)
+            ki = self.kv.k[layer].index_select(0, ext.slots).to(q.dtype)
+            vi = self.kv.v[layer].index_select(0, ext.slots).to(q.dtype)
         o = F.scaled_dot_product_attention(
             qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
             attn_mask=ext.mask, is_causal=ext.mask is None, scale=self.scale, enable_gqa=True,

@@ -34,10 +34,10 @@ class TritonAttentionBackend(AttentionBackend):
     ops = triton_ops
 
     def __init__(
-        self, kv, scale=None, *, max_splits: int = 16, min_split_len: int = 256,
+        self, kv, scale=None, dtype=None, *, max_splits: int = 16, min_split_len: int = 256,
         block_m: int | None = None, block_n: int | None = None,
     ) -> None:
-        super().__init__(kv, scale)
+        super().__init__(kv, scale, dtype)
         fp32_big = kv.dtype == torch.float32 and kv.head_dim > 64
         self.block_m = block_m or (32 if kernels.INTERPRETED or fp32_big else 64)
         self.block_n = block_n or (32 if fp32_big else 64)

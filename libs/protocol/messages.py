@@ -446,6 +446,11 @@ class WorkerInfo(Base, tag="worker_info.v1"):
     role: str = "both"
     kv_layout: str = ""
     host_id: str = ""
+    kv_dtype: str = ""  # its KV pool's dtype ("": dtype's); names its pages in the shared store
+
+    @property
+    def kv_dtype_name(self) -> str:
+        return self.kv_dtype or self.dtype
 
 
 class AdoptRequest(Base, tag="adopt.v1"):

@@ -60,13 +60,14 @@ def make_prompts(batch: int, context: int, seed: int = 0) -> list[list[int]]:
 
 
 def check_same_setup(runner: ModelRunner, worker_log: Path) -> None:
-    """Raises unless the stack's worker loaded the runner's dtype and linear kernel (its start-up line)."""
+    """Raises unless the stack's worker loaded the runner's dtype, linear kernel and KV dtype (its start-up line)."""
     want = f"({runner.config.dtype} [{runner.dtype_choice.reason}], {runner.model.linear_kernel} linears,"
+    kv = f" KV in {runner.config.kv_dtype} [{runner.kv_choice.reason}],"
     text = worker_log.read_text(errors="replace")
-    if want not in text:
+    if not any(want in line and kv in line for line in text.splitlines()):
         loaded = [line for line in text.splitlines() if " loaded " in line]
         raise RuntimeError(f"the stack's worker does not run what the runner runs: want {want!r}, "
-                           f"its log says {loaded[-1] if loaded else 'nothing loaded'!r}")
+                           f"{kv!r}, its log says {loaded[-1] if loaded else 'nothing loaded'!r}")
 
 
 def bench_in_process(runner: ModelRunner, prompts: list[list[int]], steps: int) -> float:
@@ -202,7 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     # resolves to float32 *with bf16 weight tiles*, and "float32" asked for keeps fp32 weights
     # (the stacks ran 0.64x the runner at batch 1 that way: another kernel, not the stack's cost)
     stack_dtype, args.dtype = args.dtype, runner.config.dtype
-    args.label = runner.config.dtype + (" (bf16 weights)" if runner.dtype_choice.bf16_weights else "")
+    kv = runner.config.kv_dtype
+    args.label = (runner.config.dtype + (" (bf16 weights)" if runner.dtype_choice.bf16_weights else "")
+                  + (f", {kv} KV" if kv != runner.config.dtype else ""))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, args.dtype)).eval()
     with tempfile.TemporaryDirectory() as logs:
         config = ephemeral_stack_config(Path(logs) / "b", threads_per_worker=args.threads, dtype=stack_dtype,

@@ -41,6 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=env("--model", "default"), help='"default" or a local HF directory')
     p.add_argument("--dtype", default=env("--dtype", "auto"), choices=DTYPE_CHOICES,
                    help="auto: bfloat16 on CUDA and on CPUs with AMX or AVX512-BF16, else float32")
+    p.add_argument("--kv-dtype", default=env("--kv-dtype", "auto"), choices=DTYPE_CHOICES,
+                   help="the KV cache's precision; auto: bfloat16 where the model runs fp32 over bf16 linear "
+                        "weights (AVX2 CPUs under --dtype auto: half the bytes a decode step's attention reads), "
+                        "else --dtype's")
     p.add_argument("--kv-slots", type=int, default=env("--kv-slots", 32768, int))
     p.add_argument("--max-requests", type=int, default=env("--max-requests", 256, int))
     p.add_argument("--max-model-len", type=int, default=env("--max-model-len", None, int), help="default: max_position_embeddings")
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_token(args.worker_id)
         runner = compute.call(ModelRunner, RunnerConfig(  # NOTE: on the thread that runs its steps
-            model=str(resolve_model(args.model)), dtype=args.dtype, kv_slots=args.kv_slots, max_requests=args.max_requests,
+            model=str(resolve_model(args.model)), dtype=args.dtype, kv_dtype=args.kv_dtype, kv_slots=args.kv_slots,
+            max_requests=args.max_requests,
             attention_backend=args.attention_backend, device=args.device, max_model_len=args.max_model_len,
             host_kv_slots=args.host_kv_slots, compile=args.compile == "on",
             compile_sizes=tuple(int(n) for n in args.compile_sizes.split(",")),
@@ -134,8 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     except (BackendNotAvailable, ModelNotFoundError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{SERVICE}: {exc}") from None
     logging.getLogger(SERVICE).info(
-        "loaded %s (%s [%s], %s linears, %s attention, %d KV slots, %.0f MiB KV, %d compute threads)", runner.path,
-        runner.config.dtype, runner.dtype_choice.reason, runner.model.linear_kernel, runner.attn.name, args.kv_slots, runner.kv.nbytes() / 2**20, threads,
+        "loaded %s (%s [%s], %s linears, %s attention, %d KV slots, %.0f MiB KV in %s [%s], %d compute threads)",
+        runner.path, runner.config.dtype, runner.dtype_choice.reason, runner.model.linear_kernel, runner.attn.name,
+        args.kv_slots, runner.kv.nbytes() / 2**20, runner.config.kv_dtype, runner.kv_choice.reason, threads,
     )
     if runner.compiled is not None:
         compute.call(runner.compiled.warm_up, logging.getLogger(SERVICE).info)

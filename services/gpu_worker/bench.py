@@ -13,7 +13,8 @@ SiLU-mul) in torch instead of the backend's own (the C++ ones of ``cpu``), ``fp3
 sends the ``cpu`` backend's extend rows to torch's SDPA (what it did on CPUs without AMX
 before its AVX512-BF16 extend); ``cpp-ops`` has a compiled step's pieces call the C++ ops
 (custom ops) instead of inductor's fused loops; ``onednn`` / ``tiles`` / ``hybrid`` (tiles+onednn)
-pick the linears' kernel (tiles under fp32: bf16 weights, AVX2) (weights.linear_kernel; default: the machine's choice); by default
+pick the linears' kernel (tiles under fp32: bf16 weights, AVX2) (weights.linear_kernel; default: the machine's choice);
+``kv-bf16`` / ``kv-fp32`` the KV pool's dtype (default: the runner's auto); by default
 fp32 and bf16, eager and compiled, at ``--threads``. ``--prefill N`` adds a row: one N-token prefill chunk, tokens/s. The
 systems take turns batch by batch, round after round, and the table reports medians:
 this machine is noisy (shared, the second vCPU sometimes delivers little), so only
@@ -37,6 +38,7 @@ from . import ceilings
 from .model_runner import ModelRunner, RunnerConfig
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+KV_KNOBS = {"kv-bf16": "bfloat16", "kv-fp32": "float32"}
 
 
 def bench_decode(runner: ModelRunner, batch: int, context: int, steps: int, warmup: int = 3,
@@ -70,7 +72,7 @@ def bench_prefill(runner: ModelRunner, tokens: int, repeat: int = 2, clock=time.
     return (clock() - start) / repeat
 
 
-KNOBS = ("torch-ops", "fp32-attn", "cpp-ops", "onednn", "tiles", "hybrid")
+KNOBS = ("torch-ops", "fp32-attn", "cpp-ops", "onednn", "tiles", "hybrid", *KV_KNOBS)
 System = tuple[str, str, int, str, frozenset]  # dtype, mode, threads, attention, knobs
 
 
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         runners[key] = r = ModelRunner(RunnerConfig(
             model=str(resolve_model(args.model)), dtype=dtype, kv_slots=kv_slots, max_requests=max(batches),
             compile=mode == "compiled", compile_sizes=tuple(batches), compile_ops="cpp" if "cpp-ops" in knobs else "torch", pack_weights=mode != "plain",
-            linear_kernel=next((k for k in ("onednn", "tiles") if k in knobs), "tiles+onednn" if "hybrid" in knobs else "auto"), attention_backend=attention))
+            linear_kernel=next((k for k in ("onednn", "tiles") if k in knobs), "tiles+onednn" if "hybrid" in knobs else "auto"), attention_backend=attention,
+            kv_dtype=next((KV_KNOBS[k] for k in KV_KNOBS if k in knobs), "auto")))
         _apply(r, knobs)
         if r.compiled is not None:
             torch.set_num_threads(systems[0][2])  # NOTE: other thread counts compile in their first warm-up steps

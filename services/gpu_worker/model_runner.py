@@ -20,7 +20,7 @@ from .constraints import Constraints
 from .kv_copy import KVCopier
 from .model import LlamaModel
 from .penalties import Penalties
-from .precision import DTYPES, resolve_dtype
+from .precision import DTYPES, resolve_dtype, resolve_kv_dtype
 from .sampler import Sampler, token_logprobs
 from .threads import ThreadChooser
 
@@ -29,6 +29,7 @@ from .threads import ThreadChooser
 class RunnerConfig:
     model: str  # a local HF directory, already resolved (libs.models.resolve_model at the entry point)
     dtype: str = "auto"  # auto: bfloat16 on CUDA and on CPUs with AMX / AVX512-BF16, else float32
+    kv_dtype: str = "auto"  # the KV pool's: auto = bf16 under fp32 over bf16 weights, else dtype (precision.py)
     kv_slots: int = 32768
     max_requests: int = 256
     attention_backend: str = "auto"  # auto: torch on CPU; flashinfer, else triton, on CUDA
@@ -70,19 +71,21 @@ class ModelRunner:
         self.device = torch.device(config.device)
         # NOTE: the config keeps the dtype actually used (announced in WorkerInfo)
         self.dtype_choice = resolve_dtype(config.dtype, self.device)
-        self.config = config = replace(config, dtype=self.dtype_choice.name)
+        self.kv_choice = resolve_kv_dtype(config.kv_dtype, self.dtype_choice)
+        self.config = config = replace(config, dtype=self.dtype_choice.name, kv_dtype=self.kv_choice.name)
         self.path = Path(config.model)
         self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device,
                                  pack=config.pack_weights and not config.compile, kernel=config.linear_kernel,
                                  bf16_weights=self.dtype_choice.bf16_weights)
         mc = self.model.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-        self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, DTYPES[config.dtype], self.device)
+        kv_dtype = DTYPES[config.kv_dtype]
+        self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, kv_dtype, self.device)
         self.kv_copies = KVCopier(self.kv, config.host_kv_slots)  # host pool, staging buffers
         backend = config.attention_backend
         if backend == "auto":
-            backend = default_backend(self.device, DTYPES[config.dtype])
-        self.attn = get_backend(backend, self.kv)
+            backend = default_backend(self.device, kv_dtype)
+        self.attn = get_backend(backend, self.kv, dtype=DTYPES[config.dtype])
         self.compiled = CompiledStep(self.model, self.attn, config.compile_sizes, config.compile_ops) if config.compile else None
         # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]
         self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)

@@ -58,3 +58,19 @@ def resolve_dtype(name: str, device: torch.device | str, flags: frozenset[str] |
     if {"avx2", "fma"} <= (cpu_flags() if flags is None else flags):
         return DtypeChoice("float32", f"{neither}; its linear weights in bf16 (AVX2)", True)
     return DtypeChoice("float32", neither)
+
+
+def resolve_kv_dtype(name: str, choice: DtypeChoice) -> DtypeChoice:
+    """The KV pool's dtype: ``name`` unless it is ``auto``, which keeps KV in bf16 where the
+    model runs fp32 activations over bf16 weights (AVX2: a large batch's decode attention reads
+    half the bytes; its rows are widened in registers as the weights are), else in the model's
+    dtype. Raises ValueError for an unknown name, or a bf16 model over an fp32 pool."""
+    if name not in DTYPE_CHOICES:
+        raise ValueError(f"kv dtype {name!r} not one of {', '.join(DTYPE_CHOICES)}")
+    if name != "auto":
+        if (choice.name, name) == ("bfloat16", "float32"):
+            raise ValueError("kv dtype float32 under a bfloat16 model: KV holds no more than the model computes")
+        return DtypeChoice(name, "asked for")
+    if choice.bf16_weights:
+        return DtypeChoice("bfloat16", "auto: bf16 like the linear weights (AVX2 widens its rows)")
+    return DtypeChoice(choice.name, "auto: the model's dtype")

@@ -51,7 +51,7 @@ class SchedulerCore:
         self.events = EventLog(info.worker_id, config.page_size)
         # NOTE: the worker's host pool becomes the tree's lower tier (evictions demote to it)
         # NOTE: the shared store (L3) names pages by the tree's page hashes: equal pages only
-        keys = (StoreKeys(info.model, info.dtype, config.page_size)
+        keys = (StoreKeys(info.model, info.kv_dtype_name, config.page_size)
                 if info.store_page_tokens and info.store_page_tokens == config.page_size else None)
         self.host = (HostTier(info.host_kv_slots, config.host_write_policy, keys)
                      if info.host_kv_slots and config.enable_cache else None)

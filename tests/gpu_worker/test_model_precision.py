@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gpu_worker.precision import cpu_flags, resolve_dtype
+from services.gpu_worker.precision import cpu_flags, resolve_dtype, resolve_kv_dtype
 
 SAPPHIRE_RAPIDS = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 ZEN3 = frozenset({"avx2", "fma", "sse4_2"})
@@ -45,3 +45,18 @@ def test_the_runner_keeps_the_resolved_dtype(runner):
     assert runner.config.dtype == "float32" and runner.dtype_choice.reason == "asked for"
     auto = resolve_dtype("auto", "cpu")
     assert auto.name == ("bfloat16" if {"amx_bf16", "avx512_bf16"} & cpu_flags() else "float32")
+
+
+def test_kv_dtype_auto_is_bf16_under_bf16_weights_else_the_models():
+    assert resolve_kv_dtype("auto", resolve_dtype("auto", "cpu", ZEN3)).name == "bfloat16"
+    assert resolve_kv_dtype("auto", resolve_dtype("auto", "cpu", SAPPHIRE_RAPIDS)).name == "bfloat16"
+    assert resolve_kv_dtype("auto", resolve_dtype("float32", "cpu", ZEN3)).name == "float32"  # parity: fp32 KV
+    assert resolve_kv_dtype("auto", resolve_dtype("auto", "cpu", frozenset({"sse4_2"}))).name == "float32"
+    assert resolve_kv_dtype("bfloat16", resolve_dtype("float32", "cpu", ZEN3))[:2] == ("bfloat16", "asked for")
+
+
+def test_kv_dtype_refuses_unknown_names_and_more_precision_than_the_model():
+    with pytest.raises(ValueError, match="not one of"):
+        resolve_kv_dtype("fp8", resolve_dtype("auto", "cpu", ZEN3))
+    with pytest.raises(ValueError, match="under a bfloat16 model"):
+        resolve_kv_dtype("float32", resolve_dtype("bfloat16", "cpu", ZEN3))

@@ -29,6 +29,11 @@ class Case:
     dtype: torch.dtype = torch.float32
     page_size: int = 1
     layers: int = 1
+    kv_dtype: torch.dtype | None = None  # the pool's (None: ``dtype``); the backend gets ``dtype`` queries
+
+    @property
+    def pool_dtype(self) -> torch.dtype:
+        return self.dtype if self.kv_dtype is None else self.kv_dtype
 
 
 def random_lens(gen: torch.Generator, batch: int, max_prefix: int, max_extend: int) -> tuple[list[int], list[int]]:
@@ -58,16 +63,18 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix:
 def check_attention(
     make_backend: Callable[[KVPool], AttentionBackend], case: Case, gen: torch.Generator, device: str = "cpu"
 ) -> float:
-    """Run ``case`` through a fresh backend; assert stores, coverage and accuracy; return the worst relative error."""
+    """Run ``case`` through a fresh backend; assert stores, coverage and accuracy; return the worst relative error.
+    The reference reads K/V as the pool holds them: attention over a bf16 pool under fp32
+    queries is held to fp32's tolerance, new tokens' K/V included (rounded as stored)."""
     seq = [p + e for p, e in zip(case.prefix_lens, case.extend_lens)]
     pages = sum(-(-n // case.page_size) for n in seq)
-    pool = KVPool(case.layers, 2 * pages * case.page_size + 64, case.kv_heads, case.head_dim, case.dtype, device)
+    pool = KVPool(case.layers, 2 * pages * case.page_size + 64, case.kv_heads, case.head_dim, case.pool_dtype, device)
     step = synthetic_step(
         case.prefix_lens, case.extend_lens, num_slots=pool.num_slots, page_size=case.page_size,
         max_requests=len(seq) + 3, generator=gen, device=device,
     )
     for t in pool.k + pool.v:
-        t.copy_(_randn(t.shape, gen, case.dtype, device) * 3)
+        t.copy_(_randn(t.shape, gen, case.pool_dtype, device) * 3)
         t[step.free] = float("nan")
     backend = make_backend(pool)
     backend.prepare(step.meta)
@@ -80,7 +87,8 @@ def check_attention(
         out = torch.full_like(q, float("nan"))
         assert backend.forward(layer, q, k, v, out=out) is out
         slots = step.meta.out_slots
-        assert torch.equal(pool.k[layer][slots], k) and torch.equal(pool.v[layer][slots], v), "new K/V not stored"
+        stored = (pool.k[layer][slots], pool.v[layer][slots])
+        assert all(torch.equal(s, x.to(pool.dtype)) for s, x in zip(stored, (k, v))), "new K/V not stored"
         assert not out.isnan().any(), f"{int(out.isnan().any(-1).any(-1).sum())} token rows left unwritten"
         for i, span in enumerate(step.token_spans):
             owned = step.owned[i]

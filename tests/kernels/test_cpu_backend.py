@@ -154,3 +154,60 @@ def test_same_result_as_the_torch_backend(gen, dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs[1], outs[0], rtol=tol, atol=tol)
     torch.testing.assert_close(strided, outs[1], rtol=0, atol=0)
+
+
+def fp32_over_bf16(name):
+    return lambda pool: get_backend(name, pool, dtype=torch.float32)
+
+
+MIXED = pytest.mark.parametrize("make", [fp32_over_bf16("cpu"), fp32_over_bf16("torch")], ids=["cpu", "torch"])
+
+
+@MIXED
+@pytest.mark.parametrize("head_dim,group", [(64, 1), (64, 3), (64, 4), (128, 2), (128, 3), (48, 3)])
+def test_fp32_queries_over_a_bf16_pool(gen, head_dim, group, make):
+    """KV kept in bf16 under an fp32 model: decode rows read the pool's rows widened (the AVX2
+    items, the plain loops at 128 x 3 and D = 48), extend rows go to SDPA; held to fp32's
+    tolerance against the K/V as stored, fresh prompts' own K/V rounded as the pool rounds them."""
+    prefix, extend = random_lens(gen, batch=6, max_prefix=140, max_extend=40)
+    check_attention(make, Case(prefix, extend, kv_heads=2, group=group, head_dim=head_dim, page_size=16, layers=2,
+                               kv_dtype=torch.bfloat16), gen)
+    check_attention(make, Case([0, 1, 2, 62, 63, 64, 130, 199], [1] * 8, kv_heads=2, group=group, head_dim=head_dim,
+                               kv_dtype=torch.bfloat16), gen)
+
+
+def test_a_fresh_prompt_reads_what_its_cached_prefix_would(gen):
+    """Over a bf16 pool, a prompt prefilled at once and the same prompt's last tokens over its
+    cached prefix give the same attention (the fresh K/V are rounded as stored)."""
+    pool = KVPool(1, 256, 3, 64, torch.bfloat16)
+    q, k, v = (torch.randn(40, h, 64, generator=gen) for h in (9, 3, 3))
+    whole = get_backend("cpu", pool, dtype=torch.float32)
+    step = synthetic_step([0], [40], num_slots=256, generator=gen)
+    whole.prepare(step.meta)
+    fresh = whole.forward(0, q, k, v)
+    tail = synthetic_step([32], [8], num_slots=256, generator=gen)
+    tail.meta.slot_table[tail.meta.rows[0], :40] = step.meta.slot_table[step.meta.rows[0], :40]
+    tail.meta.out_slots.copy_(step.meta.out_slots[32:])  # the same slots: nothing else overwritten
+    cached = get_backend("cpu", pool, dtype=torch.float32)
+    cached.prepare(tail.meta)
+    torch.testing.assert_close(cached.forward(0, q[32:], k[32:], v[32:]), fresh[32:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cpu_v1", "cpu"])
+def test_kv_of_another_dtype_is_refused_where_not_taken(name):
+    from libs.kernels import BackendNotAvailable
+
+    with pytest.raises(BackendNotAvailable, match="queries' dtype"):
+        get_backend(name, KVPool(1, 8, 2, 64, torch.bfloat16 if name == "cpu_v1" else torch.float32),
+                    dtype=torch.float32 if name == "cpu_v1" else torch.bfloat16)
+
+
+def test_the_decode_kernel_names_the_dtypes_it_takes(gen):
+    """Called directly with bf16 queries over an fp32 pool (no backend between): a clear error."""
+    pool = KVPool(1, 64, 2, 64)
+    step = synthetic_step([3, 9], [1, 1], num_slots=64, generator=gen)
+    kernel = get_backend("cpu", pool)._kernel
+    q = torch.randn(2, 2, 64).bfloat16()
+    with pytest.raises(RuntimeError, match="fp32 q and out over a bf16 pool"):
+        kernel.paged_decode(q, pool.k[0], pool.v[0], step.meta.slot_table, step.meta.rows, torch.tensor([4, 10]),
+                            torch.empty(0, dtype=torch.int64), 0.125, torch.empty_like(q))

@@ -293,3 +293,15 @@ def test_an_abort_while_fetching_frees_the_host_slots():
     assert delta.finish_reason == "abort"
     assert b.host.num_free == b.info.host_kv_slots and not b.has_work()
     assert_all_slots_back(b)
+
+
+def test_pages_are_named_by_the_kv_dtype_not_the_models():
+    """A worker computing in fp32 over bf16 KV puts bf16 pages: a worker whose pool is fp32 must
+    not read them as its own (the store's keys carry the pool's dtype)."""
+    def prefix(**kv):
+        info = WorkerInfo(worker_id="w", model="m", kv_slots=64, max_requests=8, max_model_len=1024, vocab_size=4000,
+                          eos_token_ids=[EOS], dtype="float32", host_kv_slots=64, store_page_tokens=PAGE, **kv)
+        return SchedulerCore(info, CoreConfig(page_size=PAGE)).store.keys.prefix
+
+    assert prefix(kv_dtype="bfloat16") == "m.bfloat16"
+    assert prefix() == "m.float32"  # a worker that does not say: its dtype's

@@ -8,7 +8,8 @@
 // with all heads in one item rows are read whole. Items run in parallel.
 //
 //   q, out [T, kv_heads * G, D]   token tokens[b] is request b's query (tokens empty: b)
-//   k, v   [S, kv_heads, D]       one layer's pool
+//   k, v   [S, kv_heads, D]       one layer's pool: q's dtype, or bf16 under fp32 q (KV
+//                                 kept in half the bytes where the model computes in fp32)
 //   table  [R, max_len] int64, rows [B], lens [B] (keys 0 .. lens[b] - 1)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -101,10 +102,11 @@ void decode_blocks(const T* q, int64_t len, const DecodeShape& s, int64_t h0, in
   for (int64_t j = 0; j < Hs; ++j) rmk::narrow(out + (h0 * s.G + j) * D, b.acc + j * D, D, 1.0f / b.sum[j]);
 }
 
-// decode_blocks with the widening loops (decode_vec.h): any head dim and group
-template <typename T>
-void decode_item(const T* q, const T* k, const T* v, const int64_t* slots, int64_t len,
-                 const DecodeShape& s, int64_t h0, int64_t h1, T* out, std::vector<float>& buf) {
+// decode_blocks with the widening loops (decode_vec.h): any head dim and group; Q the
+// query's and output's type, T the pool's
+template <typename Q, typename T>
+void decode_item(const Q* q, const T* k, const T* v, const int64_t* slots, int64_t len,
+                 const DecodeShape& s, int64_t h0, int64_t h1, Q* out, std::vector<float>& buf) {
   const int64_t G = s.G, D = s.D, row = s.kv_heads * s.D;
   const int64_t bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
   auto score = [&](ItemBuffers& b, int64_t start, int64_t n) {
@@ -188,9 +190,9 @@ void decode_item_pairs(const c10::BFloat16* q, const c10::BFloat16* k, const c10
 // decode_blocks on AVX2 (decode_avx2.h) for D = 8 * C and G query heads per kv head: scores
 // four keys at a time (a block's last four padded with its last key: those scores land past
 // n, unread), P . V with each V row widened once for the G heads
-template <typename T, int C, int G>
-void decode_item_avx2(const T* q, const T* k, const T* v, const int64_t* slots, int64_t len, const DecodeShape& s,
-                      int64_t h0, int64_t h1, T* out, std::vector<float>& buf) {
+template <typename Q, typename T, int C, int G>
+void decode_item_avx2(const Q* q, const T* k, const T* v, const int64_t* slots, int64_t len, const DecodeShape& s,
+                      int64_t h0, int64_t h1, Q* out, std::vector<float>& buf) {
   constexpr int64_t D = 8 * C;
   constexpr int GQ = G <= 3 ? G : G / 2;  // query heads per qk4 (its registers hold three)
   const int64_t Hs = (h1 - h0) * G, row = s.kv_heads * D, bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
@@ -214,14 +216,15 @@ void decode_item_avx2(const T* q, const T* k, const T* v, const int64_t* slots, 
 }
 #endif
 
-// A decode_item for this dtype and shape: the dot-product one for bf16 pools where the CPU has
-// it and the shape is instantiated, the AVX2 one on CPUs without AVX-512, else the widening loops
-template <typename T>
+// A decode_item for these dtypes and shape: the dot-product one for bf16 q and pool where the
+// CPU has it and the shape is instantiated, the AVX2 one on CPUs without AVX-512, else the
+// widening loops
+template <typename Q, typename T>
 auto pick_item(const DecodeShape& s) {
-  using Item = void (*)(const T*, const T*, const T*, const int64_t*, int64_t, const DecodeShape&, int64_t, int64_t,
-                        T*, std::vector<float>&);
+  using Item = void (*)(const Q*, const T*, const T*, const int64_t*, int64_t, const DecodeShape&, int64_t, int64_t,
+                        Q*, std::vector<float>&);
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<Q, c10::BFloat16> && std::is_same_v<T, c10::BFloat16>) {
     if (s.kv_heads <= 8) {
       if (s.D == 64 && s.G == 1) return Item{decode_item_pairs<2, 1>};
       if (s.D == 64 && s.G == 2) return Item{decode_item_pairs<2, 2>};
@@ -234,16 +237,46 @@ auto pick_item(const DecodeShape& s) {
 #endif
 #if defined(RMK_DECODE_AVX2)
   if constexpr (rmk::kWide<T>) {
-    if (s.D == 64 && s.G == 1) return Item{decode_item_avx2<T, 8, 1>};
-    if (s.D == 64 && s.G == 2) return Item{decode_item_avx2<T, 8, 2>};
-    if (s.D == 64 && s.G == 3) return Item{decode_item_avx2<T, 8, 3>};
-    if (s.D == 64 && s.G == 4) return Item{decode_item_avx2<T, 8, 4>};
-    if (s.D == 128 && s.G == 1) return Item{decode_item_avx2<T, 16, 1>};
-    if (s.D == 128 && s.G == 2) return Item{decode_item_avx2<T, 16, 2>};
-    if (s.D == 128 && s.G == 4) return Item{decode_item_avx2<T, 16, 4>};
+    if (s.D == 64 && s.G == 1) return Item{decode_item_avx2<Q, T, 8, 1>};
+    if (s.D == 64 && s.G == 2) return Item{decode_item_avx2<Q, T, 8, 2>};
+    if (s.D == 64 && s.G == 3) return Item{decode_item_avx2<Q, T, 8, 3>};
+    if (s.D == 64 && s.G == 4) return Item{decode_item_avx2<Q, T, 8, 4>};
+    if (s.D == 128 && s.G == 1) return Item{decode_item_avx2<Q, T, 16, 1>};
+    if (s.D == 128 && s.G == 2) return Item{decode_item_avx2<Q, T, 16, 2>};
+    if (s.D == 128 && s.G == 4) return Item{decode_item_avx2<Q, T, 16, 4>};
   }
 #endif
-  return Item{decode_item<T>};
+  return Item{decode_item<Q, T>};
+}
+
+struct DecodeArgs {
+  const int64_t *table, *rows, *lens, *tokens;  // tokens: null where request b's query is token b
+  int64_t B, Hq, stride;
+  DecodeShape shape;
+};
+
+// Items (a request and a range of its kv heads) in parallel, the next item's first keys
+// prefetched while one runs
+template <typename Q, typename T>
+void run_items(const Q* q, const T* k, const T* v, Q* out, const DecodeArgs& a) {
+  const int64_t kv_heads = a.shape.kv_heads, D = a.shape.D;
+  // NOTE: whole requests per item when there are enough of them (rows read whole), else one kv head each
+  const int64_t split = a.B >= 4 * at::get_num_threads() ? 1 : kv_heads;
+  const int64_t per = kv_heads / split, bytes = per * D * static_cast<int64_t>(sizeof(T));
+  const auto item_fn = pick_item<Q, T>(a.shape);
+  at::parallel_for(0, a.B * split, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / split, h0 = (item % split) * per;
+      const int64_t t = a.tokens ? a.tokens[b] : b;
+      if (item + 1 < end) {
+        const int64_t nb = (item + 1) / split, nh0 = ((item + 1) % split) * per;
+        prefetch_head(k, v, a.table + a.rows[nb] * a.stride, a.lens[nb], kv_heads * D, nh0 * D, bytes);
+      }
+      item_fn(q + t * a.Hq * D, k, v, a.table + a.rows[b] * a.stride, a.lens[b], a.shape, h0, h0 + per,
+              out + t * a.Hq * D, buf);
+    }
+  });
 }
 
 }  // namespace
@@ -251,7 +284,7 @@ auto pick_item(const DecodeShape& s) {
 void paged_decode_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                        const at::Tensor& rows, const at::Tensor& lens, const at::Tensor& tokens, double scale,
                        at::Tensor& out) {
-  check_pool_args(q, k, v, table, out);
+  check_pool_args(q, k, v, table, out, /*bf16_pool_under_fp32=*/true);
   check_index(rows, "rows");
   check_index(lens, "lens");
   check_index(tokens, "tokens");
@@ -267,30 +300,14 @@ void paged_decode_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                 "row or length out of range");
     TORCH_CHECK(direct || (tok_p[b] >= 0 && tok_p[b] < q.size(0)), "token index out of range");
   }
-  const DecodeShape shape{kv_heads, Hq / kv_heads, D, static_cast<float>(scale)};
-  // NOTE: whole requests per item when there are enough of them (rows read whole), else one kv head each
-  const int64_t split = B >= 4 * at::get_num_threads() ? 1 : kv_heads;
-  const int64_t per = kv_heads / split;
-  const int64_t* table_p = table.data_ptr<int64_t>();
+  const DecodeArgs args{table.data_ptr<int64_t>(), rows_p, lens_p, tok_p, B, Hq, stride,
+                        DecodeShape{kv_heads, Hq / kv_heads, D, static_cast<float>(scale)}};
+  if (k.scalar_type() != q.scalar_type()) {  // check_pool_args: fp32 q over a bf16 pool
+    run_items(q.data_ptr<float>(), k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>(), out.data_ptr<float>(),
+              args);
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    const scalar_t* q_p = q.data_ptr<scalar_t>();
-    const scalar_t* k_p = k.data_ptr<scalar_t>();
-    const scalar_t* v_p = v.data_ptr<scalar_t>();
-    scalar_t* o_p = out.data_ptr<scalar_t>();
-    const auto item_fn = pick_item<scalar_t>(shape);
-    at::parallel_for(0, B * split, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> buf;
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t b = item / split, h0 = (item % split) * per;
-        const int64_t t = direct ? b : tok_p[b];
-        if (item + 1 < end) {
-          const int64_t nb = (item + 1) / split, nh0 = ((item + 1) % split) * per;
-          prefetch_head(k_p, v_p, table_p + rows_p[nb] * stride, lens_p[nb], kv_heads * D, nh0 * D,
-                        per * D * static_cast<int64_t>(sizeof(scalar_t)));
-        }
-        item_fn(q_p + t * Hq * D, k_p, v_p, table_p + rows_p[b] * stride, lens_p[b], shape, h0,
-                h0 + per, o_p + t * Hq * D, buf);
-      }
-    });
+    run_items(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), args);
   });
 }

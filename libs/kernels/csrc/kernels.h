@@ -40,13 +40,17 @@ inline void check_index(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.dim() == 1, name, " must be contiguous 1-d int64");
 }
 
+// bf16_pool_under_fp32: the kernel also takes fp32 q and out over a bf16 pool
 inline void check_pool_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
-                            const at::Tensor& out) {
+                            const at::Tensor& out, bool bf16_pool_under_fp32 = false) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && out.sizes() == q.sizes(), "q, out [T, H, D]; k, v [S, Hkv, D]");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && out.is_contiguous(),
               "q, k, v, out must be contiguous");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
-              out.scalar_type() == q.scalar_type(), "q, k, v, out must share a dtype");
+  const bool mixed = bf16_pool_under_fp32 && q.scalar_type() == at::kFloat && k.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((mixed || q.scalar_type() == k.scalar_type()) && k.scalar_type() == v.scalar_type() &&
+                  out.scalar_type() == q.scalar_type(),
+              bf16_pool_under_fp32 ? "q, k, v, out must share a dtype (or fp32 q and out over a bf16 pool)"
+                                   : "q, k, v, out must share a dtype");
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == q.size(2) && q.size(1) % k.size(1) == 0, "head shapes do not match");
   TORCH_CHECK(table.scalar_type() == at::kLong && table.is_contiguous() && table.dim() == 2, "table must be 2-d int64");
 }
