@@ -27,9 +27,17 @@ class StreamError(RuntimeError):
 @dataclass
 class StreamTimes:
     first: float  # perf_counter() when the first event arrived
-    last: float  # ... the last event before [DONE]
-    last_event: bytes  # that event's payload (after "data: ")
-    events: list[tuple[float, bytes]]  # every data event's arrival time and payload, in order
+    events: list[tuple[float, bytes]]  # every data event's arrival time and payload, in order (never empty)
+
+    @property
+    def last(self) -> float:
+        """When the last data event before [DONE] arrived."""
+        return self.events[-1][0]
+
+    @property
+    def last_event(self) -> bytes:
+        """That event's payload (after "data: ")."""
+        return self.events[-1][1]
 
 
 class _Chunks:
@@ -83,8 +91,7 @@ async def _read_stream(reader: asyncio.StreamReader) -> StreamTimes:
         rest = await reader.read()
         raise StreamError(f"HTTP {status}: {rest[:300]!r}")
     chunks = _Chunks()
-    first = last = 0.0
-    last_event = b""
+    first = 0.0
     events: list[tuple[float, bytes]] = []
     while not chunks.ended:
         data = await reader.read(1 << 16)
@@ -94,11 +101,10 @@ async def _read_stream(reader: asyncio.StreamReader) -> StreamTimes:
         for event in chunks.feed(data):
             first = first or now
             if event.startswith(b"data: ") and event != DONE:
-                last, last_event = now, event[6:]
-                events.append((now, last_event))
-    if not last_event:
+                events.append((now, event[6:]))
+    if not events:
         raise StreamError("no events in the stream")
-    return StreamTimes(first, last, last_event, events)
+    return StreamTimes(first, events)
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:

@@ -58,6 +58,6 @@ def test_the_window_counts_only_the_tokens_that_arrived_inside_it():
     def event(n: int) -> bytes:
         return json.dumps({"meta_info": {"completion_tokens": n}}).encode()
 
-    early = StreamTimes(1.0, 5.0, event(5), [(1.0, event(1)), (2.0, event(2)), (3.0, event(4)), (5.0, event(5))])
+    early = StreamTimes(1.0, [(1.0, event(1)), (2.0, event(2)), (3.0, event(4)), (5.0, event(5))])
     assert _tokens_by(early, 0.5) == 0 and _tokens_by(early, 2.5) == 2 and _tokens_by(early, 9.0) == 5
     assert _tokens_by(early, 9.0) - _tokens_by(early, 3.0) == 1  # the window [3, 9]: one token
