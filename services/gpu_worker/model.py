@@ -55,20 +55,27 @@ class LlamaModel:
         ``input_ids`` / ``positions`` are [T] int64; ``attn`` is already prepared
         for this step.
         """
-        return self.logits(self.hidden(input_ids, positions, attn), last_index, attn.ops)
+        return self.logits(self.hidden(input_ids, positions, attn, rows=last_index), None, attn.ops)
 
-    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        """The residual stream after the last layer ([T, hidden]), eagerly, op by op."""
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The residual stream after the last layer ([T, hidden]), eagerly, op by op; with
+        ``rows``, of those tokens only: nothing reads the others' last o_proj and MLP (a
+        prefill chunk's last layer then runs its linears on a row per request, not per token)."""
         w, ops = self.weights, attn.ops  # NOTE: elementwise kernels that match the attention backend
         rope = ops.rope_cache(self.rotary, positions, self.dtype)
         x, q, k, v = self.first_piece(input_ids, rope, w.layers[0], ops)
         for i in range(1, len(w.layers)):
             x, q, k, v = self.middle_piece(x, attn.forward(i - 1, q, k, v), rope, w.layers[i - 1], w.layers[i], ops)
-        return self.last_piece(x, attn.forward(len(w.layers) - 1, q, k, v), w.layers[-1], ops)
+        o = attn.forward(len(w.layers) - 1, q, k, v)  # NOTE: stores every token's K/V
+        if rows is not None:
+            x, o = x.index_select(0, rows), o.index_select(0, rows)
+        return self.last_piece(x, o, w.layers[-1], ops)
 
-    def logits(self, x: torch.Tensor, last_index: torch.Tensor, ops=torch_ops) -> torch.Tensor:
-        """Final norm and LM head over the rows of ``x`` at ``last_index`` (float32 logits)."""
-        x = ops.rmsnorm(x.index_select(0, last_index), self.weights.final_norm, self.config.rms_norm_eps)
+    def logits(self, x: torch.Tensor, last_index: torch.Tensor | None, ops=torch_ops) -> torch.Tensor:
+        """Final norm and LM head over the rows of ``x`` at ``last_index`` (None: every row; float32 logits)."""
+        x = x if last_index is None else x.index_select(0, last_index)
+        x = ops.rmsnorm(x, self.weights.final_norm, self.config.rms_norm_eps)
         return linear(x, self.weights.lm_head).float()
 
     # -- the pieces between attention calls (what a compiled step compiles) ------------

@@ -113,3 +113,26 @@ def test_the_cpp_elementwise_ops_give_the_torch_ops_logits(tmp_path, dtype, tole
     for batch in steps:
         got, want = cpp.logits(batch), ref.logits(batch)
         assert float((got - want).abs().max() / want.abs().max()) < tolerance
+
+
+def test_the_last_layer_runs_on_the_rows_read_only(tmp_path):
+    """``hidden(rows=...)``: the last layer's o_proj and MLP run on those tokens alone (what the
+    LM head reads); they come out as in the pass over every token, whose K/V are all stored."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from libs.kernels.synthetic import synthetic_step
+
+    _save_random(LlamaForCausalLM(LlamaConfig(**SMALL)), tmp_path)
+    runner = ModelRunner(RunnerConfig(model=str(tmp_path), kv_slots=256, max_requests=4, dtype="float32"))
+    gen = torch.Generator().manual_seed(3)
+    step = synthetic_step([0, 0], [7, 5], num_slots=256, generator=gen)
+    ids, positions = torch.randint(0, 300, (12,), generator=gen), torch.tensor([*range(7), *range(5)])
+    runner.attn.prepare(step.meta)
+    full = runner.model.hidden(ids, positions, runner.attn)
+    runner.kv.k[-1].zero_()
+    rows = torch.tensor([6, 11, 3])
+    runner.attn.prepare(step.meta)
+    some = runner.model.hidden(ids, positions, runner.attn, rows=rows)
+    assert some.shape == (3, SMALL["hidden_size"])
+    torch.testing.assert_close(some, full[rows], rtol=1e-5, atol=1e-5)
+    assert bool(runner.kv.k[-1][step.meta.out_slots].any(-1).all())  # every token's last-layer K stored again
