@@ -142,3 +142,20 @@ def test_fewer_threads_are_not_tried_early_on_big_steps():
     run(chooser, 256, {1: 0.0020, 2: 0.0011}, 40)  # a measured neighbour
     chunks = run(chooser, 512, {1: 0.0020, 2: 0.0011}, 31)
     assert chunks == [2] * 31
+
+
+def test_a_size_seen_before_any_neighbour_was_measured_takes_one_when_there_is_one():
+    """A cold stack: the first request's prefill (512-token class) runs on two threads before
+    any size is timed on both; its decode steps then time one and two threads cheaply. The
+    second request's prefill takes their ratios instead of trying one thread on itself
+    (a 290-token prompt's TTFT went 545 -> 957 ms on that try)."""
+    chooser = ThreadChooser(2, explore_every=32)
+    assert run(chooser, 300, {1: 0.0020, 2: 0.0011}, 1) == [2]
+    assert run(chooser, 1, {1: 0.020, 2: 0.016}, 3) == [2, 1, 2]  # a new size, nothing known: both tried
+    assert run(chooser, 290, {1: 0.0020, 2: 0.0011}, 8) == [2] * 8
+    assert chooser.table()[9][1] == pytest.approx(1.1 * 0.020 / 0.016, rel=1e-6)  # the prior on its own scale
+
+
+def test_without_a_measured_neighbour_a_size_still_tries_every_count():
+    chooser = ThreadChooser(2, explore_every=32)
+    assert run(chooser, 300, {1: 0.0020, 2: 0.0011}, 3) == [2, 1, 2]
