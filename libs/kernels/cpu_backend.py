@@ -5,10 +5,11 @@ Both kernels (``csrc/decode.cpp``, ``csrc/extend.cpp``; built once, see
 write their rows of the output, so a step copies no K/V beyond the store of its
 new tokens. Decode: blocked online softmax, every query head of a kv head per K/V
 row (GQA), fp32 accumulation. Extend: query tiles x key blocks, bf16 products on
-oneDNN's brgemm (AMX), else on AVX512-BF16's dot instruction. NOTE: where neither takes
-the pool's dtype (fp32, or a CPU with neither) extend rows go to torch's SDPA (the torch
-backend's path), which beat the C++ fp32 loops (``cpp_extend = True`` with
-``native_bf16 = False`` runs those). ``cpu_v1`` (the first kernel, torch for extend)
+oneDNN's brgemm (AMX), else on AVX512-BF16's dot instruction; fp32 queries on AVX2 on
+register-blocked products (``csrc/extend_avx2.h``: 1.4-1.8x torch's SDPA on 2 Zen 3 cores,
+290-1,024-token prompts). NOTE: elsewhere (fp32 on AVX-512, a CPU with neither) extend rows
+go to torch's SDPA (the torch backend's path), which beat the C++ fp32 loops
+(``cpp_extend = True`` with ``native_bf16 = False`` runs those). ``cpu_v1`` (the first kernel, torch for extend)
 stays as the benchmarks' baseline. ``ops``: the elementwise kernels in C++
 (:mod:`.cpu_ops`).
 """
@@ -58,9 +59,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._ext: _Rows | None = None
         self._decode_tokens = _EMPTY  # empty: request b's token is token b
         self._decode_lens = _EMPTY
-        # extend in C++ where bf16 products run natively (AMX, AVX512-BF16), else torch's SDPA (the NOTE
-        # above; also for fp32 queries over a bf16 pool: decode takes that pair, extend does not)
-        self.cpp_extend = kv.dtype == self.dtype == torch.bfloat16 and bool(self._kernel.bf16_extend())
+        # extend in C++ where its products run well: bf16 natively (AMX, AVX512-BF16), fp32 queries
+        # register-blocked on AVX2 (over an fp32 or a bf16 pool); else torch's SDPA (the NOTE above)
+        native = kv.dtype == self.dtype == torch.bfloat16 and bool(self._kernel.bf16_extend())
+        self.cpp_extend = native or (self.dtype == torch.float32 and bool(self._kernel.fp32_extend()))
         self.native_bf16 = True  # False: the C++ extend's fp32 loops even where bf16 products would run
 
     @classmethod

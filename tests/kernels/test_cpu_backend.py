@@ -39,7 +39,10 @@ def test_extend_goes_to_cpp_where_bf16_products_are_native():
     native = bool(kernel.amx_bf16()) or "avx512_bf16" in cpu_flags()  # NOTE: the build targets this CPU
     assert bool(kernel.bf16_extend()) == native
     assert get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16)).cpp_extend == native
-    assert not get_backend("cpu", KVPool(1, 8, 2, 64)).cpp_extend
+    fp32 = bool(kernel.fp32_extend())
+    assert fp32 == (not native and "avx2" in cpu_flags() and "avx512f" not in cpu_flags())
+    assert get_backend("cpu", KVPool(1, 8, 2, 64)).cpp_extend == fp32  # AVX2's register-blocked fp32 products
+    assert get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16), dtype=torch.float32).cpp_extend == fp32
 
 
 @BOTH

@@ -8,7 +8,7 @@
 // read once for all of them. Flash-attention style: per block of kTileK (128) keys the
 // scores S = Q K^T, an online softmax, O += P V, all in fp32. The two products are
 // matmul-shaped: bf16 on AMX through oneDNN's brgemm (tiles.h), else on AVX512-BF16's
-// dot products (dot_tiles.h), else fp32 loops.
+// dot products (dot_tiles.h), fp32 on AVX2 register-blocked (extend_avx2.h), else fp32 loops.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dot_tiles.h"
+#include "extend_avx2.h"
 #include "kernels.h"
 #include "tiles.h"
 #include "vec.h"
@@ -59,8 +60,8 @@ void softmax_block(float* S, float* O, float* mx, float* sum, const int64_t* lim
   }
 }
 
-template <typename T, typename Tiles>
-void extend_item(const Item& it, const T* q, const T* k, const T* v, const int64_t* slots, int64_t prefix,
+template <typename T, typename KT, typename Tiles>
+void extend_item(const Item& it, const T* q, const KT* k, const KT* v, const int64_t* slots, int64_t prefix,
                  int64_t start, const Shape& s, T* out, Tiles& tiles) {
   const int64_t G = s.G, D = s.D, M = it.nq * G, row = s.kv_heads * D;
   tiles.begin(M, D);
@@ -71,8 +72,8 @@ void extend_item(const Item& it, const T* q, const T* k, const T* v, const int64
     tiles.load_q(r, q + ((start + j) * s.Hq + it.head * G + r % G) * D);
   }
   const int64_t end = prefix + it.q0 + it.nq;
-  const T* kh = k + it.head * D;
-  const T* vh = v + it.head * D;
+  const KT* kh = k + it.head * D;
+  const KT* vh = v + it.head * D;
   for (int64_t k0 = 0; k0 < end; k0 += kTileK) {
     const int64_t n = std::min(kTileK, end - k0);
     tiles.load_kv(kh, vh, slots, k0, n, row);
@@ -116,13 +117,13 @@ std::vector<int64_t> balanced_bounds(const std::vector<Item>& items, const int64
   return bounds;
 }
 
-template <typename T, typename Tiles>
+template <typename T, typename Tiles, typename KT = T>
 void run_items(const std::vector<Item>& items, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const int64_t* table, const int64_t* rows, const int64_t* prefix, const int64_t* starts,
                const Shape& s, at::Tensor& out) {
   const T* q_p = q.data_ptr<T>();
-  const T* k_p = k.data_ptr<T>();
-  const T* v_p = v.data_ptr<T>();
+  const KT* k_p = k.data_ptr<KT>();
+  const KT* v_p = v.data_ptr<KT>();
   T* o_p = out.data_ptr<T>();
   const int64_t parts = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(items.size()));
   const auto bounds = balanced_bounds(items, prefix, parts);
@@ -131,7 +132,7 @@ void run_items(const std::vector<Item>& items, const at::Tensor& q, const at::Te
     Tiles tiles(kTileQ * s.G, s.D);
     for (int64_t i = bounds[begin]; i < bounds[end]; ++i) {
       const Item& it = items[i];
-      extend_item<T, Tiles>(it, q_p, k_p, v_p, table + rows[it.b] * s.stride, prefix[it.b], starts[it.b], s, o_p,
+      extend_item<T, KT, Tiles>(it, q_p, k_p, v_p, table + rows[it.b] * s.stride, prefix[it.b], starts[it.b], s, o_p,
                             tiles);
     }
     tiles.release();
@@ -150,10 +151,18 @@ bool bf16_extend_available() {
 #endif
 }
 
+bool fp32_extend_available() {
+#if defined(RMK_EXTEND_AVX2)
+  return true;
+#else
+  return false;
+#endif
+}
+
 void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                        const at::Tensor& rows, const at::Tensor& prefix, const at::Tensor& extend,
                        const at::Tensor& starts, double scale, at::Tensor& out, bool allow_brgemm) {
-  check_pool_args(q, k, v, table, out);
+  check_pool_args(q, k, v, table, out, /*bf16_pool_under_fp32=*/fp32_extend_available());
   for (const auto* t : {&rows, &prefix, &extend, &starts}) check_index(*t, "rows, prefix, extend, starts");
   const int64_t B = rows.size(0);
   TORCH_CHECK(prefix.size(0) == B && extend.size(0) == B && starts.size(0) == B, "one entry per request");
@@ -175,6 +184,22 @@ void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 #if defined(__AVX512BF16__)
   if (bf16 && rmk::DotTiles::takes(s.D)) {
     run_items<at::BFloat16, rmk::DotTiles>(items, q, k, v, table_p, rows_p, pre_p, st_p, s, out);
+    return;
+  }
+#endif
+#if defined(RMK_EXTEND_AVX2)
+  if (k.scalar_type() != q.scalar_type()) {  // check_pool_args: fp32 q over a bf16 pool
+    if (rmk::Avx2Tiles<float>::takes(s.D)) {
+      run_items<float, rmk::Avx2Tiles<float, c10::BFloat16>, c10::BFloat16>(items, q, k, v, table_p, rows_p, pre_p,
+                                                                            st_p, s, out);
+    } else {
+      run_items<float, rmk::LoopTiles<float, c10::BFloat16>, c10::BFloat16>(items, q, k, v, table_p, rows_p, pre_p,
+                                                                            st_p, s, out);
+    }
+    return;
+  }
+  if (q.scalar_type() == at::kFloat && rmk::Avx2Tiles<float>::takes(s.D)) {
+    run_items<float, rmk::Avx2Tiles<float>>(items, q, k, v, table_p, rows_p, pre_p, st_p, s, out);
     return;
   }
 #endif

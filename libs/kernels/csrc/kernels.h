@@ -17,6 +17,7 @@ void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 bool amx_bf16_available();
 bool bf16_extend_available();
+bool fp32_extend_available();
 
 // ops.cpp, rope.cpp: elementwise kernels for fp32 / bf16 / fp16 activations
 at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps);

@@ -25,6 +25,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_f32", &gemm_f32_available, "whether linear_bf16w is built (AVX2 + FMA)");
   m.def("amx_bf16", &amx_bf16_available, "whether bf16 products run on oneDNN's brgemm (AMX)");
   m.def("bf16_extend", &bf16_extend_available, "whether bf16 extend products run natively (AMX or AVX512-BF16)");
+  m.def("fp32_extend", &fp32_extend_available, "whether fp32 extend products run register-blocked (AVX2, extend_avx2.h)");
 }
 
 // NOTE: the schemas mark what each op writes (Tensor(a!)): functionalization then knows

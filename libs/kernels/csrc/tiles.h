@@ -7,7 +7,7 @@
 // request and head that follow on this thread reuse it (blocks[i] holds keys
 // i * kTileK ...). AmxTiles: bf16, VNNI-packed for oneDNN's brgemm (AMX where the
 // CPU has it); DotTiles (dot_tiles.h): the same packing on AVX512-BF16's dot products.
-// LoopTiles: fp32 loops the compiler vectorises, for any dtype.
+// LoopTiles: fp32 loops the compiler vectorises, for any dtype (the pool's, KT, may differ from the query's).
 #pragma once
 
 #include <ATen/native/CPUBlas.h>
@@ -72,7 +72,7 @@ struct TileBase {
   std::vector<int64_t> sizes;
 };
 
-template <typename T>
+template <typename T, typename KT = T>
 struct LoopTiles : TileBase<float, float> {
   LoopTiles(int64_t Mmax, int64_t D_) : TileBase(Mmax, D_) {}
   void begin(int64_t M_, int64_t) { TileBase::begin(M_); }
@@ -80,13 +80,13 @@ struct LoopTiles : TileBase<float, float> {
   void release() {}
 
   // K block transposed [D, kTileK] (scores vectorise over keys), V block [kTileK, D]
-  void load_kv(const T* kh, const T* vh, const int64_t* row_slots, int64_t k0, int64_t n_, int64_t row) {
+  void load_kv(const KT* kh, const KT* vh, const int64_t* row_slots, int64_t k0, int64_t n_, int64_t row) {
     if (!select(row_slots, kh, k0, n_, D * kTileK, kTileK * D)) return;
     float* kt = kblocks[block].data();
     float* vb = vblocks[block].data();
     const int64_t* sl = row_slots + k0;
     for (int64_t t = 0; t < n; ++t) {
-      const T* kr = kh + sl[t] * row;
+      const KT* kr = kh + sl[t] * row;
       for (int64_t d = 0; d < D; ++d) kt[d * kTileK + t] = to_f(kr[d]);
       widen(vb + t * D, vh + sl[t] * row, D);
     }
