@@ -15,54 +15,34 @@ namespace rmk {
 
 constexpr int kExtendRows = 6;
 
-// S[r, 0..16) = Q[r] . kt[:, 0..16) for R rows (Q [R, D], kt [D, kTileK] from its 16-key strip)
-template <int R>
-void qk_strip(const float* Q, int64_t D, const float* kt, float* S) {
+// C[r, 0..16) (+)= sum_k A[r, k] B[k, 0..16) for R rows, both products' shape: scores
+// S = Q . K^T (A = Q [R, D], B = the block's K^T strip [D, kTileK], C = S: set) and
+// O += P . V (A = P [R, kTileK], B = V's strip [n, D], C = O: added to)
+template <int R, bool kAdd>
+void strip16(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K, float* C, int64_t ldc) {
   __m256 acc[R][2];
-  RMK_UNROLL
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
-    const __m256 k0 = _mm256_loadu_ps(kt + d * kTileK), k1 = _mm256_loadu_ps(kt + d * kTileK + 8);
-    RMK_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m256 q = _mm256_broadcast_ss(Q + r * D + d);
-      acc[r][0] = _mm256_fmadd_ps(q, k0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(q, k1, acc[r][1]);
-    }
-  }
   RMK_UNROLL
   for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(S + r * kTileK, acc[r][0]);
-    _mm256_storeu_ps(S + r * kTileK + 8, acc[r][1]);
+    acc[r][0] = kAdd ? _mm256_loadu_ps(C + r * ldc) : _mm256_setzero_ps();
+    acc[r][1] = kAdd ? _mm256_loadu_ps(C + r * ldc + 8) : _mm256_setzero_ps();
   }
-}
-
-// O[r, 0..16) += sum_t P[r, t] V[t, 0..16) over the block's n keys for R rows (P [R, kTileK],
-// V [kTileK, D] and O [R, D] from their 16-column strip)
-template <int R>
-void pv_strip(const float* P, const float* V, int64_t n, int64_t D, float* O) {
-  __m256 acc[R][2];
-  RMK_UNROLL
-  for (int r = 0; r < R; ++r) acc[r][0] = _mm256_loadu_ps(O + r * D), acc[r][1] = _mm256_loadu_ps(O + r * D + 8);
-  for (int64_t t = 0; t < n; ++t) {
-    const __m256 v0 = _mm256_loadu_ps(V + t * D), v1 = _mm256_loadu_ps(V + t * D + 8);
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
     RMK_UNROLL
     for (int r = 0; r < R; ++r) {
-      const __m256 p = _mm256_broadcast_ss(P + r * kTileK + t);
-      acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(p, v1, acc[r][1]);
+      const __m256 a = _mm256_broadcast_ss(A + r * lda + k);
+      acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
     }
   }
   RMK_UNROLL
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(O + r * D, acc[r][0]), _mm256_storeu_ps(O + r * D + 8, acc[r][1]);
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(C + r * ldc, acc[r][0]), _mm256_storeu_ps(C + r * ldc + 8, acc[r][1]);
 }
 
-using QkFn = void (*)(const float*, int64_t, const float*, float*);
-using PvFn = void (*)(const float*, const float*, int64_t, int64_t, float*);
-constexpr QkFn kQk[kExtendRows + 1] = {nullptr, qk_strip<1>, qk_strip<2>, qk_strip<3>,
-                                       qk_strip<4>, qk_strip<5>, qk_strip<6>};
-constexpr PvFn kPv[kExtendRows + 1] = {nullptr, pv_strip<1>, pv_strip<2>, pv_strip<3>,
-                                       pv_strip<4>, pv_strip<5>, pv_strip<6>};
+using StripFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+template <bool kAdd>
+constexpr StripFn kStrips[kExtendRows + 1] = {nullptr, strip16<1, kAdd>, strip16<2, kAdd>, strip16<3, kAdd>,
+                                              strip16<4, kAdd>, strip16<5, kAdd>, strip16<6, kAdd>};
 
 // LoopTiles with the products above (fp32 queries, a pool of KT); head dims of whole 16-column strips
 template <typename T, typename KT = T>
@@ -76,14 +56,16 @@ struct Avx2Tiles : LoopTiles<T, KT> {
     const int64_t M = this->M, D = this->D;
     for (int64_t t0 = 0; t0 < this->n; t0 += 16)
       for (int64_t r0 = 0; r0 < M; r0 += kExtendRows)
-        kQk[std::min<int64_t>(kExtendRows, M - r0)](this->Q.data() + r0 * D, D, kt + t0, this->S + r0 * kTileK + t0);
+        kStrips<false>[std::min<int64_t>(kExtendRows, M - r0)](this->Q.data() + r0 * D, D, kt + t0, kTileK, D,
+                                                               this->S + r0 * kTileK + t0, kTileK);
   }
   void accumulate() {
     const float* vb = this->vblocks[this->block].data();
     const int64_t M = this->M, D = this->D;
     for (int64_t c0 = 0; c0 < D; c0 += 16)
       for (int64_t r0 = 0; r0 < M; r0 += kExtendRows)
-        kPv[std::min<int64_t>(kExtendRows, M - r0)](this->S + r0 * kTileK, vb + c0, this->n, D, this->O + r0 * D + c0);
+        kStrips<true>[std::min<int64_t>(kExtendRows, M - r0)](this->S + r0 * kTileK, kTileK, vb + c0, D, this->n,
+                                                              this->O + r0 * D + c0, D);
   }
 };
 
