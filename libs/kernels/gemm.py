@@ -3,10 +3,11 @@ instruction (``csrc/gemm_bf16.cpp``, for CPUs without AMX), fp32 activations on 
 (``csrc/gemm_f32.cpp``: the weight widened in registers, for CPUs without native bf16
 products, where a small-batch step is bound by reading the weights and bf16 halves them).
 
-A weight [out, in] is packed once into tiles of 64 output columns, each ``in / 2`` rows of
-64 column pairs (int32: elements ``2k`` and ``2k + 1`` of a row in its low and high half),
-the operand layout of the dot instruction; ``linear`` then streams each tile once per call
-whatever the batch. Where oneDNN has AMX its own packed matmul is faster for large batches
+A weight [out, in] is packed once into tiles of output columns, each ``in / 2`` rows of column
+pairs (int32: elements ``2k`` and ``2k + 1`` of a row in its low and high half), as wide as
+the kernel that runs them reads: 64 columns for the dot instruction (4 registers of 16
+pairs), 16 for the fp32 kernel (two registers' worth of columns, so each of its calls reads
+one contiguous stream); ``linear`` then streams each tile once per call whatever the batch. Where oneDNN has AMX its own packed matmul is faster for large batches
 and stays in use (``services/gpu_worker/weights.py`` decides).
 """
 
@@ -20,14 +21,15 @@ import torch
 from . import cpu_ext
 from .errors import BackendNotAvailable
 
-TILE = 64
+TILE = 64  # columns per tile under bf16 activations (gemm_bf16.cpp)
+F32_TILE = 16  # under fp32 activations (gemm_f32.cpp)
 
 
 @dataclass(frozen=True)
 class TiledWeight:
     """A bf16 weight in the kernel's tiles; ``shape`` is the plain weight's [out, in]."""
 
-    tiles: torch.Tensor  # [ceil(out / 64), in / 2, 64] int32
+    tiles: torch.Tensor  # [ceil(out / tile), in / 2, tile] int32
     shape: tuple[int, int]
 
 
@@ -49,22 +51,31 @@ def available() -> bool:
         return False
 
 
-def pack(weight: torch.Tensor) -> TiledWeight:
-    """``weight`` [out, in] (bf16, or fp32 rounded to bf16; ``in`` even) in the kernel's tiles."""
+def tile_for(activations: torch.dtype) -> int:
+    """The tile width of the kernel that runs ``activations``' dtype: F32_TILE for fp32, TILE for bf16."""
+    return F32_TILE if activations == torch.float32 else TILE
+
+
+def pack(weight: torch.Tensor, tile: int = TILE) -> TiledWeight:
+    """``weight`` [out, in] (bf16, or fp32 rounded to bf16; ``in`` even) in tiles ``tile`` columns
+    wide (``tile_for`` the activations' dtype)."""
+    if tile not in (TILE, F32_TILE):
+        raise ValueError(f"tiles are {TILE} (bf16 activations) or {F32_TILE} (fp32) columns wide, not {tile}")
     if weight.dtype not in (torch.bfloat16, torch.float32) or weight.dim() != 2 or weight.shape[1] % 2:
         raise ValueError(f"pack takes a 2-d bf16 or fp32 weight with an even width, not {weight.dtype} {tuple(weight.shape)}")
     weight = weight.to(torch.bfloat16)
     out, width = weight.shape
-    tiles = -(-out // TILE)
+    tiles = -(-out // tile)
     pairs = weight.contiguous().view(torch.int32)  # NOTE: [out, in / 2]: little-endian pairs
-    padded = torch.zeros(tiles * TILE, width // 2, dtype=torch.int32, device=weight.device)
+    padded = torch.zeros(tiles * tile, width // 2, dtype=torch.int32, device=weight.device)
     padded[:out] = pairs
-    return TiledWeight(padded.view(tiles, TILE, width // 2).transpose(1, 2).contiguous(), (out, width))
+    return TiledWeight(padded.view(tiles, tile, width // 2).transpose(1, 2).contiguous(), (out, width))
 
 
 def linear(x: torch.Tensor, w: TiledWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` accumulated in fp32, in ``x``'s dtype: bf16 (AVX512-BF16) or fp32
-    (AVX2); ``x`` [M, in], ``bias`` [out] of ``x``'s dtype."""
+    (AVX2), over tiles packed for it (``tile_for(x.dtype)``); ``x`` [M, in], ``bias`` [out] of
+    ``x``'s dtype."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     module = cpu_ext.load()

@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--linear-kernel", choices=LINEAR_KERNELS, default=env("--linear-kernel", "auto"),
                    help="linears on the CPU: tiles (our C++ kernel over bf16 weights: AVX512-BF16's dot "
                         "instruction under bf16, widened to fp32 on AVX2), onednn (oneDNN's packed matmul) or "
-                        "tiles+onednn (fp32: the tiles below 48 rows a step, oneDNN's fp32 matmul over the same "
+                        "tiles+onednn (fp32: the tiles below 96 rows a step, oneDNN's fp32 matmul over the same "
                         "bf16-rounded weights from there; 4 bytes a weight more); auto: tiles under bf16 on CPUs "
                         "with AVX512-BF16 and no AMX, tiles+onednn under dtype auto on AVX2 (tiles alone where "
                         "the fp32 copy would take over a quarter of the free memory)")

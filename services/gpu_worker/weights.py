@@ -120,9 +120,10 @@ _LINEARS = ("qkv", "o_proj", "gate_up", "down")
 LINEAR_KERNELS = ("auto", "onednn", "tiles", "tiles+onednn")
 HYBRID = "tiles+onednn"
 # rows from which tiles+onednn runs oneDNN: measured in-model on 2 Zen 3 cores (fp32, 300-token
-# contexts), tiles ahead at batch 8 (1.49x) and 16-32 (1.09x), oneDNN at 64 (0.96-1.14x over
-# four runs, median 1.08) and on 1,024-token prefill chunks (1.02-1.30x, median 1.10)
-HYBRID_ROWS = 48
+# contexts) since the tiles are 16 columns wide (one stream per kernel call), tiles ahead at
+# batch 16 (1.25x), 32 (1.10x), 48 (1.19x), 64 (1.08-1.12x), level at 96 and on 256-token
+# prefill chunks, oneDNN ahead on 1,024-token ones (1.07x)
+HYBRID_ROWS = 96
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: fr
 def pack(w: torch.Tensor, kernel: str = "onednn") -> PackedWeight | gemm.TiledWeight | HybridWeight:
     """``w`` in ``kernel``'s form; the tiles take column pairs, so an odd-width weight goes to oneDNN."""
     if kernel in ("tiles", HYBRID) and w.shape[1] % 2 == 0:
-        tiles = gemm.pack(w)
+        tiles = gemm.pack(w, gemm.tile_for(w.dtype))
         if kernel == "tiles":
             return tiles
         return HybridWeight(tiles, _onednn(w.to(torch.bfloat16).to(w.dtype)))  # NOTE: the tiles' values

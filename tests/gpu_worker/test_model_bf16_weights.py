@@ -65,7 +65,7 @@ def test_the_runner_holds_bf16_tiles_and_fp32_everything_else(tiles_runner):
 
 @pytest.mark.parametrize("kernel", ["tiles", "tiles+onednn"])
 def test_logits_match_hf_with_the_same_rounded_weights(kernel, tiles_runner, hybrid_runner, hf_rounded, tokenizer):
-    ids = tokenizer(TEXT)["input_ids"]
+    ids = tokenizer(" ".join([TEXT] * 2))["input_ids"]
     assert len(ids) >= HYBRID_ROWS  # tiles+onednn: the prompt's linears on oneDNN, the LM head's row on the tiles
     with torch.no_grad():
         ref = hf_rounded(torch.tensor([ids])).logits[0, -1].float()

@@ -12,6 +12,10 @@ from .gil_check import longest_stall
 pytestmark = pytest.mark.skipif(not gemm.f32_available(), reason="needs the C++ kernels on a CPU with AVX2 and FMA")
 
 
+def _pack(w: torch.Tensor) -> gemm.TiledWeight:
+    return gemm.pack(w, gemm.tile_for(torch.float32))
+
+
 def _case(gen, m: int, n: int, k: int):
     x = torch.randn(m, k, generator=gen)
     w = torch.randn(n, k, generator=gen)
@@ -30,18 +34,18 @@ def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
 @pytest.mark.parametrize("n, k", [(960, 576), (576, 1536), (100, 64), (17, 2), (70, 32)])
 def test_linear_matches_an_fp32_matmul_of_the_rounded_weight(gen, m, n, k):
     x, w, ref = _case(gen, m, n, k)
-    _close(gemm.linear(x, gemm.pack(w)), ref)
+    _close(gemm.linear(x, _pack(w)), ref)
 
 
 def test_a_bf16_weight_packs_to_the_same_tiles_as_its_fp32_original(gen):
     w = torch.randn(80, 48, generator=gen)
-    assert torch.equal(gemm.pack(w).tiles, gemm.pack(w.bfloat16()).tiles)
+    assert torch.equal(_pack(w).tiles, _pack(w.bfloat16()).tiles)
 
 
 def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen):
-    x, w, ref = _case(gen, 3, 70, 32)  # two tiles, the second 6 columns wide: 5 slices, the last partial
+    x, w, ref = _case(gen, 3, 70, 32)  # five tiles, the last 6 columns wide
     bias = torch.randn(70, generator=gen)
-    out = gemm.linear(x, gemm.pack(w), bias)
+    out = gemm.linear(x, _pack(w), bias)
     _close(out, ref + bias)
     assert out.shape == (3, 70)
 
@@ -50,12 +54,27 @@ def test_rows_of_a_wider_tensor_are_read_in_place(gen):
     big = torch.randn(5, 130, generator=gen)
     w = torch.randn(40, 64, generator=gen)
     for x in (big[:, :64], big[:, 1:65]):
-        _close(gemm.linear(x, gemm.pack(w)), x @ w.bfloat16().float().T)
+        _close(gemm.linear(x, _pack(w)), x @ w.bfloat16().float().T)
+
+
+def test_pack_lays_column_pairs_out_in_tiles_of_16_for_fp32():
+    w = torch.arange(20 * 4, dtype=torch.float32).view(20, 4)
+    tiles = _pack(w).tiles
+    assert gemm.tile_for(torch.float32) == 16 and gemm.tile_for(torch.bfloat16) == 64
+    assert tiles.shape == (2, 2, 16) and tiles.is_contiguous()  # NOTE: a tile's rows follow each other
+    pair = tiles[1, 1, 3].item()  # column 16 + 3, elements 2 and 3 of its row
+    low, high = pair & 0xFFFF, (pair >> 16) & 0xFFFF
+    assert torch.tensor([low, high], dtype=torch.int16).view(torch.bfloat16).float().tolist() == w[19, 2:4].tolist()
+    assert not tiles[1, :, 4:].any()  # padding columns are zero
 
 
 def test_an_empty_batch_and_bad_arguments(gen):
-    w = gemm.pack(torch.randn(16, 8, generator=gen))
+    w = _pack(torch.randn(16, 8, generator=gen))
     assert gemm.linear(torch.randn(0, 8), w).shape == (0, 16)
+    with pytest.raises(RuntimeError, match=r"\[tiles, K/2, 16\]"):  # the bf16 kernel's 64-column tiles
+        gemm.linear(torch.randn(2, 8), gemm.pack(torch.randn(16, 8, generator=gen), gemm.TILE))
+    with pytest.raises(ValueError, match="16 .fp32. columns wide, not 32"):
+        gemm.pack(torch.randn(16, 8, generator=gen), 32)
     with pytest.raises(RuntimeError, match="width"):
         gemm.linear(torch.randn(2, 10), w)
     with pytest.raises(RuntimeError, match="bias must be"):
@@ -66,7 +85,7 @@ def test_an_empty_batch_and_bad_arguments(gen):
 
 def test_thread_counts_give_the_same_result(gen):
     x, w, _ = _case(gen, 7, 576, 192)
-    packed, before = gemm.pack(w), torch.get_num_threads()
+    packed, before = _pack(w), torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         one = gemm.linear(x, packed)
@@ -78,5 +97,5 @@ def test_thread_counts_give_the_same_result(gen):
 
 
 def test_the_kernel_releases_the_gil_while_it_runs():
-    x, w = torch.randn(512, 1536), gemm.pack(torch.randn(4096, 1536))
+    x, w = torch.randn(512, 1536), _pack(torch.randn(4096, 1536))
     assert longest_stall(lambda: gemm.linear(x, w)) < 0.5

@@ -113,7 +113,7 @@ bool gemm_bf16_available() {
 
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                        const c10::optional<at::Tensor>& bias) {
-  const bool has_bias = check_linear_args(x, packed, n_out, bias, at::kBFloat16, "bf16");
+  const bool has_bias = check_linear_args(x, packed, n_out, bias, at::kBFloat16, "bf16", kTile);
   const int64_t M = x.size(0);
   at::Tensor out = at::empty({M, n_out}, x.options());
 #if defined(RMK_GEMM_BF16)

@@ -1,14 +1,16 @@
 // fp32 linear layers over bf16 weights, on AVX2 + FMA (CPUs without native bf16 products).
 //
-// The weights are the tiles of libs/kernels/gemm.py (gemm_bf16.cpp's layout): per 64 output
-// columns, K/2 rows of 64 column pairs, w[n][2k] in a pair's low half and w[n][2k+1] in its
-// high half. A bf16 is the top half of an fp32, so a pair widens to two fp32 lanes with one
-// shift (the even element) and one mask (the odd one); x and the output stay fp32.
+// The weights are tiles of libs/kernels/gemm.py 16 output columns wide (``pack(w, 16)``): per
+// tile, K/2 rows of 16 column pairs, w[n][2k] in a pair's low half and w[n][2k+1] in its high
+// half. A bf16 is the top half of an fp32, so a pair widens to two fp32 lanes with one shift
+// (the even element) and one mask (the odd one); x and the output stay fp32.
 //
 // Reading half the bytes of an fp32 weight is the point: a decode step at a small batch reads
-// every weight once and is bound by memory. A micro-kernel owns 16 columns (one 64-byte slice
-// of each tile row) for R <= 4 rows; threads split a layer's slices, not its tiles, so a
-// 576-wide layer's 36 slices share two cores evenly where its 9 tiles would not.
+// every weight once and is bound by memory. A micro-kernel owns one tile (16 columns) for
+// R <= 4 rows, and the tile is one contiguous stream (K * 32 bytes) that the prefetchers follow.
+// On gemm_bf16.cpp's 64-column tiles a 16-column call read 64 bytes of every 256: on 2 Zen 3
+// cores a batch-1 step's weights went at 13-16 GB/s, on these at 20-26 (1.4-1.7x; batch 8
+// 1.25-1.6x, 16-32 rows 1.1x). Threads split a layer's tiles: 36 of a 576-wide layer.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -26,12 +28,11 @@
 
 namespace {
 
-constexpr int64_t kTile = 64;    // output columns per packed tile
-constexpr int64_t kSlice = 16;   // output columns per micro-kernel call
+constexpr int64_t kSlice = 16;   // output columns per tile, and per micro-kernel call
 constexpr int kMaxRows = 4;      // rows per call: 4 x 2 accumulators + 4 widened weights + 2 broadcasts
-constexpr int64_t kAhead = 32;   // k pairs ahead (8 KB of a slice's stream) that are prefetched
-constexpr int64_t kWideFrom = 16;
-constexpr int64_t kPanelRows = 48;  // rows of x per panel under wide_rows (8 blocks of 6; 110-300 KB of x)  // rows from which a slice is widened once (wide_rows) instead of per row block
+constexpr int64_t kAhead = 128;  // k pairs ahead (8 KB of a tile's stream) that are prefetched
+constexpr int64_t kWideFrom = 16;  // rows from which a tile is widened once (wide_rows), not per row block
+constexpr int64_t kPanelRows = 48;  // rows of x per panel under wide_rows (8 blocks of 6; 110-300 KB of x)
 
 #if defined(RMK_GEMM_F32)
 inline __m256i lanes_mask(int64_t left) {  // the first `left` (0..8) lanes set
@@ -39,7 +40,7 @@ inline __m256i lanes_mask(int64_t left) {  // the first `left` (0..8) lanes set
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(left, 0, 8))), idx);
 }
 
-// one tile row of a slice, 16 column pairs, as fp32: the even elements (w[n][2k], a pair's low
+// one tile row, 16 column pairs, as fp32: the even elements (w[n][2k], a pair's low
 // half shifted up) and the odd ones (its high half, masked) of columns 0-7 and 8-15; the row
 // kAhead rows on is asked for meanwhile
 struct Widened {
@@ -47,7 +48,7 @@ struct Widened {
 };
 inline Widened widen_row(const int32_t* wk) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  _mm_prefetch(reinterpret_cast<const char*>(wk + kAhead * kTile), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(wk + kAhead * kSlice), _MM_HINT_T0);
   const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
   const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 8));
   return {_mm256_castsi256_ps(_mm256_slli_epi32(p0, 16)), _mm256_castsi256_ps(_mm256_and_si256(p0, high)),
@@ -63,7 +64,7 @@ inline void store_block(float* out, int64_t n_valid, int j, __m256 v) {
   _mm256_maskstore_ps(out + 8 * j, lanes_mask(n_valid - 8 * j), v);
 }
 
-// out[r, 0..16) = x[r] . slice (+ bias) for R rows; `w` is the slice's first pair, tile rows 64
+// out[r, 0..16) = x[r] . tile (+ bias) for R rows; `w` is the tile's first pair, its rows 16
 // pairs apart; columns at or past n_valid are neither read from bias nor written.
 // With one or two rows the even and odd products go to separate accumulators: a single chain
 // of dependent FMAs per column block would wait on the FMA latency at batch 1.
@@ -82,7 +83,7 @@ void slice_rows(const float* x, int64_t ldx, const int32_t* w, int64_t K2, float
     }
   }
   for (int64_t k2 = 0; k2 < K2; ++k2) {
-    const auto [e0, o0, e1, o1] = widen_row(w + k2 * kTile);
+    const auto [e0, o0, e1, o1] = widen_row(w + k2 * kSlice);
     RMK_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m256 xe = _mm256_broadcast_ss(x + r * ldx + 2 * k2);
@@ -114,7 +115,7 @@ constexpr SliceFn kSliceFns[kMaxRows + 1] = {nullptr, slice_rows<1>, slice_rows<
 // accumulators, 2 weight vectors, 1 broadcast) runs over it from L1 / L2.
 void widen_slice(const int32_t* w, int64_t K2, float* wide) {
   for (int64_t k2 = 0; k2 < K2; ++k2) {
-    const Widened r = widen_row(w + k2 * kTile);
+    const Widened r = widen_row(w + k2 * kSlice);
     float* even = wide + 2 * k2 * kSlice;
     _mm256_storeu_ps(even, r.e0), _mm256_storeu_ps(even + 8, r.e1);
     _mm256_storeu_ps(even + kSlice, r.o0), _mm256_storeu_ps(even + kSlice + 8, r.o1);
@@ -166,7 +167,7 @@ bool gemm_f32_available() {
 
 at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                         const c10::optional<at::Tensor>& bias) {
-  const bool has_bias = check_linear_args(x, packed, n_out, bias, at::kFloat, "fp32");
+  const bool has_bias = check_linear_args(x, packed, n_out, bias, at::kFloat, "fp32", kSlice);
   const int64_t M = x.size(0);
   at::Tensor out = at::empty({M, n_out}, x.options());
 #if defined(RMK_GEMM_F32)
@@ -190,8 +191,8 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n
     for (int64_t p0 = 0; p0 < M; p0 += panel) {
       const int64_t p1 = std::min(M, p0 + panel);
       for (int64_t s = begin; s < end; ++s) {
-        const int64_t t = s / (kTile / kSlice), n0 = s * kSlice;
-        const int32_t* ws = wp + t * K2 * kTile + (s % (kTile / kSlice)) * kSlice;
+        const int64_t n0 = s * kSlice;
+        const int32_t* ws = wp + s * K2 * kSlice;
         const int64_t n_valid = std::min(kSlice, n_out - n0);
         const float* bs = bp ? bp + n0 : nullptr;
         if (wide) widen_slice(ws, K2, scratch.data());

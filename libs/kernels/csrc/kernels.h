@@ -67,11 +67,12 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n_
 // int32 pairs of libs/kernels/gemm.py for n_out columns, bias (if any) n_out values of `type`;
 // returns whether there is a bias
 inline bool check_linear_args(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
-                              const c10::optional<at::Tensor>& bias, at::ScalarType type, const char* type_name) {
-  constexpr int64_t kTileColumns = 64;
+                              const c10::optional<at::Tensor>& bias, at::ScalarType type, const char* type_name,
+                              int64_t kTileColumns) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == type && x.stride(1) == 1, "x must be [M, K] ", type_name, " rows");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kInt && packed.is_contiguous() &&
-                  packed.size(2) == kTileColumns, "packed must be [tiles, K/2, 64] int32 pairs (libs.kernels.gemm.pack)");
+                  packed.size(2) == kTileColumns, "packed must be [tiles, K/2, ", kTileColumns,
+              "] int32 pairs (libs.kernels.gemm.pack)");
   const int64_t K = x.size(1), T = packed.size(0);
   TORCH_CHECK(K % 2 == 0 && packed.size(1) == K / 2, "x's width must be the weight's (an even number)");
   TORCH_CHECK(n_out > (T - 1) * kTileColumns && n_out <= T * kTileColumns, "n_out does not match the packed weight");
