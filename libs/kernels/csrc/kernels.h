@@ -63,9 +63,10 @@ int64_t parallel_team(int64_t items);
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                        const c10::optional<at::Tensor>& bias);
 
-// the linears' shared argument checks: x [M, K] rows of `type`, `packed` the [tiles, K/2, 64]
-// int32 pairs of libs/kernels/gemm.py for n_out columns, bias (if any) n_out values of `type`;
-// returns whether there is a bias
+// the linears' shared argument checks: x [M, K] rows of `type`, `packed` the [tiles, K/2,
+// kTileColumns] int32 pairs of libs/kernels/gemm.py (64 columns a tile for the bf16 kernel, 16
+// for the fp32 one) for n_out columns, bias (if any) n_out values of `type`; returns whether
+// there is a bias
 inline bool check_linear_args(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                               const c10::optional<at::Tensor>& bias, at::ScalarType type, const char* type_name,
                               int64_t kTileColumns) {
