@@ -111,9 +111,9 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
 #           auto's pick there), widened in registers: half the bytes of an fp32 weight read.
 #   tiles+onednn: fp32 on AVX2 (auto's pick there where the memory allows): both forms of
 #           the same bf16-rounded weights, the tiles for steps of fewer than HYBRID_ROWS rows
-#           (small decode batches, bound by reading the weights), oneDNN's fp32 matmul from
-#           there on (large batches and prefill chunks, bound by the FMAs, where its blocking
-#           beats the tiles' by 1.1-1.3x on 2 Zen 3 cores); the fp32 copy costs 4 bytes a
+#           (decode batches, where reading half the bytes wins), oneDNN's fp32 matmul from
+#           there on (prefill chunks, bound by the FMAs: level with the tiles at 96-256 rows,
+#           1.07x ahead at 1,024 on 2 Zen 3 cores); the fp32 copy costs 4 bytes a
 #           weight more, so auto takes it only while that is under a quarter of the free memory.
 
 _LINEARS = ("qkv", "o_proj", "gate_up", "down")
