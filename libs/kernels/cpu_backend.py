@@ -100,10 +100,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def forward(self, layer, q, k, v, out=None):
         assert self._slots is not None, "prepare() must run before forward()"
-        self.kv.store(layer, self._slots, k, v)
+        kp, vp = self.kv.k[layer], self.kv.v[layer]
+        self._kernel.store_kv_(kp, vp, self._slots, k, v)  # NOTE: the pool's store in one call, not four torch ops
         q = q.contiguous()
         target = out if out is not None and out.is_contiguous() else torch.empty_like(q)
-        kp, vp = self.kv.k[layer], self.kv.v[layer]
         if (d := self._dec) is not None:
             self._kernel.paged_decode(q, kp, vp, self._table, d.rows, self._decode_lens, self._decode_tokens,
                                       self.scale, target)

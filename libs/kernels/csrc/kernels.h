@@ -26,6 +26,10 @@ at::Tensor silu_mul(const at::Tensor& gate_up);
 void rope_qk_(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
               int64_t heads, int64_t head_dim);
 
+// kv_store.cpp: a step's new K and V rows into one layer's pools at their slots, in the pools' dtype
+void store_kv_(at::Tensor& kpool, at::Tensor& vpool, const at::Tensor& slots, const at::Tensor& k,
+               const at::Tensor& v);
+
 // f(scalar_t{}) for fp32 / bf16 / fp16 (the row kernels' types; AT_DISPATCH's sets add fp64)
 template <typename F>
 inline void dispatch_row_types(at::ScalarType type, const char* name, F&& f) {

@@ -17,6 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm", &rmsnorm, "RMSNorm of fp32/bf16/fp16 rows, in fp32", kNoGil);
   m.def("add_rmsnorm_", &add_rmsnorm_, "x += h, then h = RMSNorm(x), in place, in fp32", kNoGil);
   m.def("silu_mul", &silu_mul, "silu(gate) * up of fp32/bf16/fp16 rows, in fp32", kNoGil);
+  m.def("store_kv_", &store_kv_, "a step's new K and V rows into one layer's pools at their slots", kNoGil);
   m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k heads of fused QKV rows, in place", kNoGil);
   m.def("linear_bf16", &linear_bf16, "x @ w.T (+ bias) in bf16 over a weight packed by libs.kernels.gemm", kNoGil);
   m.def("linear_bf16w", &linear_bf16w, "x @ w.T (+ bias) in fp32 over a bf16 weight packed by libs.kernels.gemm", kNoGil);
