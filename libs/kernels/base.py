@@ -48,6 +48,19 @@ class AttentionMetadata:
         return int(self.extend_lens.sum())
 
 
+@dataclass(frozen=True)
+class DecodeStep:
+    """A decode-only step's arguments for the C++ decode kernel, shared by every layer:
+    where each token's K/V goes, and each request's slot-table row and length."""
+
+    slots: torch.Tensor  # [T] int64
+    table: torch.Tensor  # [max_requests, max_len] int64
+    rows: torch.Tensor  # [B] int64
+    lens: torch.Tensor  # [B] int64: keys each query attends (its own included)
+    tokens: torch.Tensor  # [B] int64 query token of each request, or empty: request b's is token b
+    scale: float
+
+
 class AttentionBackend(ABC):
     """Attention over a :class:`KVPool`; ``prepare`` once per step, ``forward`` per layer.
 
@@ -96,6 +109,11 @@ class AttentionBackend(ABC):
         Each new token attends causally to its request's cached prefix and to the
         new tokens before it. Returns (or fills ``out``) [T, heads, D].
         """
+
+    def decode_step(self) -> DecodeStep | None:
+        """The prepared step as a C++ layer loop takes it (``csrc/layer_loop.cpp``), where this
+        backend's kernels can run inside one and the step is decode tokens only; else None."""
+        return None
 
     # -- captured steps: CUDA graphs, compiled CPU steps ---------------------------
     #

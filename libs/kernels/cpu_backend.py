@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from . import cpu_ext, cpu_ops
-from .base import AttentionMetadata
+from .base import AttentionMetadata, DecodeStep
 from .torch_backend import TorchAttentionBackend
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -97,6 +97,12 @@ class CpuAttentionBackend(TorchAttentionBackend):
         valid = torch.arange(width) < seq[:, None]
         if bool((valid & ((used < 0) | (used >= self.kv.num_slots))).any()):
             raise ValueError("slot table holds slots outside the KV pool")
+
+    def decode_step(self) -> DecodeStep | None:
+        if self._dec is None or self._ext is not None or self._extends:
+            return None
+        d = self._dec
+        return DecodeStep(self._slots, self._table, d.rows, self._decode_lens, self._decode_tokens, self.scale)
 
     def forward(self, layer, q, k, v, out=None):
         assert self._slots is not None, "prepare() must run before forward()"

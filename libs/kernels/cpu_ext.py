@@ -29,7 +29,7 @@ from .errors import BackendNotAvailable
 
 log = logging.getLogger("radixmesh.kernels")
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp", "ops.cpp", "rope.cpp", "gemm_bf16.cpp", "gemm_f32.cpp", "kv_store.cpp"]
+SOURCES = ["module.cpp", "decode.cpp", "extend.cpp", "decode_v1.cpp", "ops.cpp", "rope.cpp", "gemm_bf16.cpp", "gemm_f32.cpp", "kv_store.cpp", "layer_loop.cpp"]
 # fast-math lets the reductions vectorise (the softmax's exp is our own, vec.h); 512-bit
 # vectors where the CPU has them (GCC prefers 256 on some that do). Compile
 # flags only: the link does not pull in crtfastmath, so the process's FP mode is untouched.

@@ -14,7 +14,8 @@ sends the ``cpu`` backend's extend rows to torch's SDPA (what it did on CPUs wit
 before its AVX512-BF16 extend); ``cpp-ops`` has a compiled step's pieces call the C++ ops
 (custom ops) instead of inductor's fused loops; ``onednn`` / ``tiles`` / ``hybrid`` (tiles+onednn)
 pick the linears' kernel (tiles under fp32: bf16 weights, AVX2) (weights.linear_kernel; default: the machine's choice);
-``kv-bf16`` / ``kv-fp32`` the KV pool's dtype (default: the runner's auto); by default
+``kv-bf16`` / ``kv-fp32`` the KV pool's dtype (default: the runner's auto); ``py-layers``
+runs decode steps' layers from Python even where the C++ layer loop fits (layer_loop.py); by default
 fp32 and bf16, eager and compiled, at ``--threads``. ``--prefill N`` adds a row: one N-token prefill chunk, tokens/s. The
 systems take turns batch by batch, round after round, and the table reports medians:
 this machine is noisy (shared, the second vCPU sometimes delivers little), so only
@@ -72,7 +73,7 @@ def bench_prefill(runner: ModelRunner, tokens: int, repeat: int = 2, clock=time.
     return (clock() - start) / repeat
 
 
-KNOBS = ("torch-ops", "fp32-attn", "cpp-ops", "onednn", "tiles", "hybrid", *KV_KNOBS)
+KNOBS = ("torch-ops", "fp32-attn", "cpp-ops", "onednn", "tiles", "hybrid", "py-layers", *KV_KNOBS)
 System = tuple[str, str, int, str, frozenset]  # dtype, mode, threads, attention, knobs
 
 
@@ -96,6 +97,8 @@ def label(system: System) -> str:
 def _apply(runner: ModelRunner, knobs: frozenset) -> None:
     if "torch-ops" in knobs:
         runner.attn.ops = torch_ops  # NOTE: the eager model reads attn.ops on every step
+    if "py-layers" in knobs:
+        runner.model.layer_loop = False
     if "fp32-attn" in knobs:
         if not hasattr(runner.attn, "native_bf16"):
             raise SystemExit(f"fp32-attn: the {runner.attn.name} backend has no bf16 paths to turn off")

@@ -8,11 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from libs.kernels import AttentionBackend
+from libs.kernels.base import DecodeStep
 from libs.kernels import ops as torch_ops
 from libs.kernels.ops import Rotary, rope_inv_freq
 
 from .config import ModelConfig
-from .weights import LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
+from .layer_loop import LayerLoop, RopeStep
+from .weights import HYBRID, HYBRID_ROWS, LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
 
 
 class LlamaModel:
@@ -41,6 +43,8 @@ class LlamaModel:
         self._q_heads = cfg.num_heads
         self._qk_heads = cfg.num_heads + cfg.num_kv_heads
         self._qk_width = self._qk_heads * cfg.head_dim
+        self.layer_loop = True  # decode steps' layers in one C++ call where they fit (layer_loop.py)
+        self._loop: LayerLoop | None = None
 
     @torch.inference_mode()
     def forward(
@@ -59,11 +63,15 @@ class LlamaModel:
 
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The residual stream after the last layer ([T, hidden]), eagerly, op by op; with
+        """The residual stream after the last layer ([T, hidden]), eagerly, op by op (a decode
+        step's layers in one C++ call where they fit: ``_layer_loop_step``); with
         ``rows``, of those tokens only: nothing reads the others' last o_proj and MLP (a
         prefill chunk's last layer then runs its linears on a row per request, not per token)."""
         w, ops = self.weights, attn.ops  # NOTE: elementwise kernels that match the attention backend
         rope = ops.rope_cache(self.rotary, positions, self.dtype)
+        if (step := self._layer_loop_step(attn, rope, input_ids.shape[0])) is not None:
+            x = self._loop.run(F.embedding(input_ids, w.embed), rope, step)
+            return x if rows is None else x.index_select(0, rows)
         x, q, k, v = self.first_piece(input_ids, rope, w.layers[0], ops)
         for i in range(1, len(w.layers)):
             x, q, k, v = self.middle_piece(x, attn.forward(i - 1, q, k, v), rope, w.layers[i - 1], w.layers[i], ops)
@@ -71,6 +79,20 @@ class LlamaModel:
         if rows is not None:
             x, o = x.index_select(0, rows), o.index_select(0, rows)
         return self.last_piece(x, o, w.layers[-1], ops)
+
+    def _layer_loop_step(self, attn: AttentionBackend, rope, tokens: int) -> DecodeStep | None:
+        """The step's arguments where the C++ layer loop (``self._loop``, built here once) runs
+        it: a decode-only step (the backend's ``decode_step``), the C++ RoPE, tile linears at
+        this many rows (layer_loop.py); else None."""
+        step = attn.decode_step() if self.layer_loop and isinstance(rope, RopeStep) else None
+        if step is None:
+            return None
+        if self.linear_kernel == HYBRID and tokens >= HYBRID_ROWS:  # NOTE: oneDNN's linears from there
+            return None
+        if self._loop is None or self._loop.kv is not attn.kv:
+            self._loop = LayerLoop.build(self.weights, self.config, attn.kv)
+            self.layer_loop = self._loop is not None  # NOTE: the weights do not change: asked once
+        return step if self._loop is not None else None
 
     def logits(self, x: torch.Tensor, last_index: torch.Tensor | None, ops=torch_ops) -> torch.Tensor:
         """Final norm and LM head over the rows of ``x`` at ``last_index`` (None: every row; float32 logits)."""

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 // v1: the first decode kernel (fp32 output), kept as the benchmarks' baseline
 at::Tensor paged_decode_v1(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table, at::Tensor rows,
                            at::Tensor lens, double scale);
@@ -91,3 +93,32 @@ inline bool check_linear_args(const at::Tensor& x, const at::Tensor& packed, int
 bool gemm_f32_available();
 at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                         const c10::optional<at::Tensor>& bias);
+
+// layer_loop.cpp: a decode step's decoder layers in one call, over the kernels above (tile
+// linears, RoPE, the KV store, decode attention, the fused residual add + RMSNorm, SiLU-mul).
+// Built once per model and pool: per layer the weights [input_norm, qkv, o_proj, post_norm,
+// gate_up, down] (the four linears as libs.kernels.gemm tiles), their four biases (or None)
+// and output widths, and the layer's K and V pools.
+class DecodeLayers {
+ public:
+  DecodeLayers(const std::vector<at::Tensor>& weights, const std::vector<c10::optional<at::Tensor>>& biases,
+               const std::vector<int64_t>& n_out, const std::vector<at::Tensor>& kpools,
+               const std::vector<at::Tensor>& vpools, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps);
+  // x [T, hidden] (the embeddings; the residual stream, updated in place) -> the stream after
+  // the last layer; the step's slots and decode arguments as paged_decode_into takes them
+  at::Tensor run(at::Tensor x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                 const at::Tensor& slots, const at::Tensor& table, const at::Tensor& rows, const at::Tensor& lens,
+                 const at::Tensor& tokens, double scale) const;
+
+ private:
+  struct Layer {
+    at::Tensor input_norm, qkv, o, post_norm, gate_up, down;
+    c10::optional<at::Tensor> qkv_bias, o_bias, gate_up_bias, down_bias;
+    int64_t n_qkv, n_o, n_gate_up, n_down;
+    at::Tensor k, v;
+  };
+  std::vector<Layer> layers_;
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_;
+  at::ScalarType dtype_;
+};

@@ -21,6 +21,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_qk_", &rope_qk_, "rotary embedding of the q and k heads of fused QKV rows, in place", kNoGil);
   m.def("linear_bf16", &linear_bf16, "x @ w.T (+ bias) in bf16 over a weight packed by libs.kernels.gemm", kNoGil);
   m.def("linear_bf16w", &linear_bf16w, "x @ w.T (+ bias) in fp32 over a bf16 weight packed by libs.kernels.gemm", kNoGil);
+  pybind11::class_<DecodeLayers>(m, "DecodeLayers", "a decode step's decoder layers in one call (layer_loop.cpp)")
+      .def(pybind11::init<const std::vector<at::Tensor>&, const std::vector<c10::optional<at::Tensor>>&,
+                          const std::vector<int64_t>&, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                          int64_t, int64_t, int64_t, double>())
+      .def("run", &DecodeLayers::run, "the residual stream after the last layer (x updated in place)", kNoGil);
   m.def("parallel_team", &parallel_team, "threads an at::parallel_for over n items ran on");
   m.def("gemm_bf16", &gemm_bf16_available, "whether linear_bf16 is built (AVX512-BF16)");
   m.def("gemm_f32", &gemm_f32_available, "whether linear_bf16w is built (AVX2 + FMA)");
