@@ -10,7 +10,9 @@ around each kind of call: the linears (matmul), the attention backend's
 cos/sin lookup included), SiLU-mul, the sampler. Times are exclusive (a call's
 nested timed calls are not counted twice); what is left of the model's forward
 (residual adds, embedding, views, the Python between ops) is "model other",
-what is left of the runner's step (batch parsing, slot table) "runner other".
+what is left of the runner's step (batch parsing, slot table) "runner other". The decode
+steps run the model's Python loop (the C++ layer loop, layer_loop.py, hides its calls from
+the timers); the last column is the step with that loop, timed after the others.
 ``--aten N`` adds torch.profiler's top N ops by self time for the largest batch.
 """
 
@@ -92,11 +94,12 @@ def breakdown(timers: Timers, step_s: float, steps: int) -> dict[str, float]:
 
 def print_table(rows: dict[str, dict[str, float]]) -> None:
     cols = [k for k in ORDER if any(r[k] > 0 for r in rows.values())]
-    print("| step | ms/step | " + " | ".join(cols) + " |")
-    print("|---" * (len(cols) + 2) + "|")
+    print("| step | ms/step | " + " | ".join(cols) + " | with the C++ layer loop |")
+    print("|---" * (len(cols) + 3) + "|")
     for name, r in rows.items():
         cells = [f"{r[k]:.2f} ({100 * r[k] / r['total']:.0f}%)" for k in cols]
-        print(f"| {name} | {r['total']:.2f} | " + " | ".join(cells) + " |")
+        loop = f"{r['layer loop']:.2f}" if "layer loop" in r else "-"
+        print(f"| {name} | {r['total']:.2f} | " + " | ".join(cells) + f" | {loop} |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,9 +123,13 @@ def main(argv: list[str] | None = None) -> None:
     rows: dict[str, dict[str, float]] = {}
     with instrument(runner, timers):
         for b in batches:
+            runner.model.layer_loop = False
             bench_decode(runner, b, args.context, 2)  # warm-up (not timed)
             timers.reset()
             rows[f"decode b={b}"] = breakdown(timers, bench_decode(runner, b, args.context, args.steps, 0), args.steps)
+            runner.model.layer_loop = True
+            bench_decode(runner, b, args.context, 2)
+            rows[f"decode b={b}"]["layer loop"] = bench_decode(runner, b, args.context, args.steps, 0) * 1e3
         if args.prefill:
             timers.reset()
             rows[f"prefill {args.prefill}"] = breakdown(timers, bench_prefill(runner, args.prefill, 3), 4)

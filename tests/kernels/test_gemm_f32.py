@@ -30,7 +30,7 @@ def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
     assert float(err.max()) < 1e-5, float(err.max())
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 13, 64])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 13, 16, 39, 40, 64])  # 40: widened once (kWideFrom)
 @pytest.mark.parametrize("n, k", [(960, 576), (576, 1536), (100, 64), (17, 2), (70, 32)])
 def test_linear_matches_an_fp32_matmul_of_the_rounded_weight(gen, m, n, k):
     x, w, ref = _case(gen, m, n, k)

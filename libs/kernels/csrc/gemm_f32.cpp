@@ -31,7 +31,10 @@ namespace {
 constexpr int64_t kSlice = 16;   // output columns per tile, and per micro-kernel call
 constexpr int kMaxRows = 4;      // rows per call: 4 x 2 accumulators + 4 widened weights + 2 broadcasts
 constexpr int64_t kAhead = 128;  // k pairs ahead (8 KB of a tile's stream) that are prefetched
-constexpr int64_t kWideFrom = 16;  // rows from which a tile is widened once (wide_rows), not per row block
+// rows from which a tile is widened once (wide_rows), not per row block. NOTE: 40, not 16: the
+// 30 layers' linears on 2 Zen 3 cores, 16 rows 24.1-24.5 ms row blocks against 32.0 widened, 24
+// rows 34.4 / 36.4, 32 rows 45.1-47.6 / 47.9; widened ahead from 40 (58.8 / 61.0) and 48 on
+constexpr int64_t kWideFrom = 40;
 constexpr int64_t kPanelRows = 48;  // rows of x per panel under wide_rows (8 blocks of 6; 110-300 KB of x)
 
 #if defined(RMK_GEMM_F32)
