@@ -14,7 +14,7 @@ from libs.kernels.ops import Rotary, rope_inv_freq
 
 from .config import ModelConfig
 from .layer_loop import LayerLoop, RopeStep
-from .weights import HYBRID, HYBRID_ROWS, LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
+from .weights import LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
 
 
 class LlamaModel:
@@ -69,7 +69,7 @@ class LlamaModel:
         prefill chunk's last layer then runs its linears on a row per request, not per token)."""
         w, ops = self.weights, attn.ops  # NOTE: elementwise kernels that match the attention backend
         rope = ops.rope_cache(self.rotary, positions, self.dtype)
-        if (step := self._layer_loop_step(attn, rope, input_ids.shape[0])) is not None:
+        if (step := self._layer_loop_step(attn, rope)) is not None:
             x = self._loop.run(F.embedding(input_ids, w.embed), rope, step)
             return x if rows is None else x.index_select(0, rows)
         x, q, k, v = self.first_piece(input_ids, rope, w.layers[0], ops)
@@ -80,14 +80,12 @@ class LlamaModel:
             x, o = x.index_select(0, rows), o.index_select(0, rows)
         return self.last_piece(x, o, w.layers[-1], ops)
 
-    def _layer_loop_step(self, attn: AttentionBackend, rope, tokens: int) -> DecodeStep | None:
+    def _layer_loop_step(self, attn: AttentionBackend, rope) -> DecodeStep | None:
         """The step's arguments where the C++ layer loop (``self._loop``, built here once) runs
-        it: a decode-only step (the backend's ``decode_step``), the C++ RoPE, tile linears at
-        this many rows (layer_loop.py); else None."""
+        it: a decode-only step (the backend's ``decode_step``) with the C++ RoPE (layer_loop.py);
+        else None."""
         step = attn.decode_step() if self.layer_loop and isinstance(rope, RopeStep) else None
         if step is None:
-            return None
-        if self.linear_kernel == HYBRID and tokens >= HYBRID_ROWS:  # NOTE: oneDNN's linears from there
             return None
         if self._loop is None or self._loop.kv is not attn.kv:
             self._loop = LayerLoop.build(self.weights, self.config, attn.kv)

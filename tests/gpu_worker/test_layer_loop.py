@@ -1,5 +1,6 @@
 """The C++ layer loop (layer_loop.py, csrc/layer_loop.cpp) against the Python loop it replaces:
-the same kernels in the same order, so logits and the KV it stores are equal bit for bit."""
+the same kernels in the same order, so logits and the KV it stores are equal bit for bit, on
+every linear form (tiles, oneDNN's packed weights, plain ones, tiles+onednn by rows)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ def _checkpoint(path, qwen: bool):
     return path
 
 
-def _runner(path, loop: bool, kernel="tiles", kv_dtype="auto", max_requests=4) -> ModelRunner:
+def _runner(path, loop: bool, kernel="tiles", kv_dtype="auto", max_requests=4, pack=True) -> ModelRunner:
     runner = ModelRunner(RunnerConfig(model=str(path), kv_slots=512, max_requests=max_requests, dtype="float32",
-                                      linear_kernel=kernel, kv_dtype=kv_dtype, threads=0))
+                                      linear_kernel=kernel, kv_dtype=kv_dtype, threads=0, pack_weights=pack))
     runner.model.layer_loop = loop
     return runner
 
@@ -50,29 +51,53 @@ def _steps():
 def test_decode_steps_equal_the_python_loop(tmp_path, qwen, kv_dtype):
     path = _checkpoint(tmp_path, qwen)
     fused, plain = _runner(path, True, kv_dtype=kv_dtype), _runner(path, False, kv_dtype=kv_dtype)
-    for batch in _steps():
+    _same_steps(fused, plain, _steps())
+    assert fused.model._loop.forms() == [False] and plain.model._loop is None  # the loop ran, and only in one
+
+
+def _same_steps(fused: ModelRunner, plain: ModelRunner, steps) -> None:
+    for batch in steps:
         got, want = fused.logits(batch), plain.logits(batch)
         assert torch.equal(got, want), f"step {batch.step}: max diff {float((got - want).abs().max())}"
-    assert fused.model._loop is not None and plain.model._loop is None  # the loop ran, and only in one
     for layer in range(SMALL["num_hidden_layers"]):
         assert torch.equal(fused.kv.k[layer], plain.kv.k[layer]) and torch.equal(fused.kv.v[layer], plain.kv.v[layer])
 
 
-def test_only_decode_steps_on_tiles_take_the_loop(tmp_path):
+@pytest.mark.parametrize("form", ["onednn", "plain"])
+def test_other_linear_forms_equal_the_python_loop(tmp_path, form):
+    """oneDNN's packed fp32 weights (--dtype float32's form) and unpacked ones run in the loop too."""
+    path = _checkpoint(tmp_path, True)
+    kw = dict(kernel="onednn") if form == "onednn" else dict(pack=False)
+    fused, plain = _runner(path, True, **kw), _runner(path, False, **kw)
+    _same_steps(fused, plain, _steps())
+    assert fused.model._loop.forms() == [False]
+
+
+def test_tiles_and_onednn_by_rows_as_the_python_loop(tmp_path):
+    """tiles+onednn: the tiles below HYBRID_ROWS rows, oneDNN's matmul from there, in the loop as in weights.linear."""
     path = _checkpoint(tmp_path, False)
-    runner = _runner(path, True, kernel="tiles+onednn", max_requests=HYBRID_ROWS + 1)
-    model, attn = runner.model, runner.attn
+    fused, plain = (_runner(path, loop, kernel="tiles+onednn", max_requests=HYBRID_ROWS) for loop in (True, False))
+    prompt = ForwardBatch(step=0, new_rows=[NewRow(row=r, temperature=0.0, top_p=1.0, top_k=-1, seed=0)
+                                            for r in range(HYBRID_ROWS)],
+                          rows=list(range(HYBRID_ROWS)), prefix_lens=[0] * HYBRID_ROWS, extend_lens=[2] * HYBRID_ROWS,
+                          input_ids=[(7 * i) % 300 for i in range(2 * HYBRID_ROWS)],
+                          out_slots=list(range(2 * HYBRID_ROWS)))
+    wide = ForwardBatch(step=1, new_rows=[], rows=list(range(HYBRID_ROWS)), prefix_lens=[2] * HYBRID_ROWS,
+                        extend_lens=[1] * HYBRID_ROWS, input_ids=[(3 * i) % 300 for i in range(HYBRID_ROWS)],
+                        out_slots=list(range(300, 300 + HYBRID_ROWS)))
+    narrow = ForwardBatch(step=2, new_rows=[], rows=[0, 1], prefix_lens=[3, 3], extend_lens=[1, 1],
+                          input_ids=[4, 5], out_slots=[400, 401])
+    _same_steps(fused, plain, [prompt, wide, narrow])
+    assert fused.model._loop.forms() == [False, True]  # both forms built, each for its steps
+
+
+def test_prefill_steps_keep_the_python_loop(tmp_path):
+    runner = _runner(_checkpoint(tmp_path, False), True)
     first, decode, _ = _steps()
     runner.logits(first)
-    assert model._loop is None  # a prefill step: the Python loop
+    assert runner.model._loop is None  # a prefill step: nothing built
     runner.logits(decode)
-    assert model._loop is not None
-    rope = attn.ops.rope_cache(model.rotary, torch.zeros(HYBRID_ROWS, dtype=torch.int64), model.dtype)
-    assert model._layer_loop_step(attn, rope, HYBRID_ROWS - 1) is not None
-    assert model._layer_loop_step(attn, rope, HYBRID_ROWS) is None  # oneDNN's linears from there
-    onednn = _runner(path, True, kernel="onednn")
-    onednn.logits(first), onednn.logits(decode)
-    assert onednn.model._loop is None and not onednn.model.layer_loop  # no tile form: never built
+    assert runner.model._loop is not None
 
 
 def test_bad_arguments_are_refused(tmp_path):
@@ -83,6 +108,12 @@ def test_bad_arguments_are_refused(tmp_path):
     loop, module = runner.model._loop, cpu_ext.load()
     with pytest.raises(RuntimeError, match="per layer 6 weights"):
         module.DecodeLayers([], [], [], runner.kv.k, runner.kv.v, 6, 2, 16, 1e-5)
+    layer = runner.model.weights.layers[0]
+    weights = [layer.input_norm, layer.qkv.tiles, layer.o_proj.tiles, layer.post_norm, layer.gate_up.tiles,
+               layer.down.tiles.float()]  # NOTE: not tiles, not a plain [out, in] weight
+    with pytest.raises(RuntimeError, match="must be libs.kernels.gemm tiles"):
+        module.DecodeLayers(weights, [None] * 4, [layer.qkv.shape[0], 96, 320, 96], runner.kv.k[:1], runner.kv.v[:1],
+                            6, 2, 16, 1e-5)
     step = runner.attn.decode_step()
     rope = runner.attn.ops.rope_cache(runner.model.rotary, torch.tensor([3, 6]), torch.float32)
     with pytest.raises(RuntimeError, match="activation dtype"):

@@ -94,11 +94,12 @@ bool gemm_f32_available();
 at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n_out,
                         const c10::optional<at::Tensor>& bias);
 
-// layer_loop.cpp: a decode step's decoder layers in one call, over the kernels above (tile
+// layer_loop.cpp: a decode step's decoder layers in one call, over the kernels above (the
 // linears, RoPE, the KV store, decode attention, the fused residual add + RMSNorm, SiLU-mul).
-// Built once per model and pool: per layer the weights [input_norm, qkv, o_proj, post_norm,
-// gate_up, down] (the four linears as libs.kernels.gemm tiles), their four biases (or None)
-// and output widths, and the layer's K and V pools.
+// Built once per model, pool and linear form: per layer the weights [input_norm, qkv, o_proj,
+// post_norm, gate_up, down] (each linear as libs.kernels.gemm tiles, oneDNN's packed weight
+// or a plain [out, in] one), their four biases (or None) and output widths, and the layer's
+// K and V pools.
 class DecodeLayers {
  public:
   DecodeLayers(const std::vector<at::Tensor>& weights, const std::vector<c10::optional<at::Tensor>>& biases,
