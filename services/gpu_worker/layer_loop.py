@@ -16,7 +16,7 @@ import torch
 
 from libs.kernels import KVPool, cpu_ext, gemm
 from libs.kernels.base import DecodeStep
-from libs.kernels.cpu_ops import RopeStep  # noqa: F401 - model.py takes it from here
+from libs.kernels.cpu_ops import RopeStep
 
 from .config import ModelConfig
 from .weights import HYBRID_ROWS, HybridWeight, ModelWeights, PackedWeight

@@ -8,12 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from libs.kernels import AttentionBackend
-from libs.kernels.base import DecodeStep
 from libs.kernels import ops as torch_ops
+from libs.kernels.base import DecodeStep
+from libs.kernels.cpu_ops import RopeStep
 from libs.kernels.ops import Rotary, rope_inv_freq
 
 from .config import ModelConfig
-from .layer_loop import LayerLoop, RopeStep
+from .layer_loop import LayerLoop
 from .weights import LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
 
 
