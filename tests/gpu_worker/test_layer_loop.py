@@ -25,8 +25,9 @@ def _checkpoint(path, qwen: bool):
     return path
 
 
-def _runner(path, loop: bool, kernel="tiles", kv_dtype="auto", max_requests=4, pack=True) -> ModelRunner:
-    runner = ModelRunner(RunnerConfig(model=str(path), kv_slots=512, max_requests=max_requests, dtype="float32",
+def _runner(path, loop: bool, kernel="tiles", kv_dtype="auto", max_requests=4, pack=True,
+            dtype="float32") -> ModelRunner:
+    runner = ModelRunner(RunnerConfig(model=str(path), kv_slots=512, max_requests=max_requests, dtype=dtype,
                                       linear_kernel=kernel, kv_dtype=kv_dtype, threads=0, pack_weights=pack))
     runner.model.layer_loop = loop
     return runner
@@ -63,11 +64,13 @@ def _same_steps(fused: ModelRunner, plain: ModelRunner, steps) -> None:
         assert torch.equal(fused.kv.k[layer], plain.kv.k[layer]) and torch.equal(fused.kv.v[layer], plain.kv.v[layer])
 
 
-@pytest.mark.parametrize("form", ["onednn", "plain"])
+@pytest.mark.parametrize("form", ["onednn", "plain", "plain-bf16"])
 def test_other_linear_forms_equal_the_python_loop(tmp_path, form):
-    """oneDNN's packed fp32 weights (--dtype float32's form) and unpacked ones run in the loop too."""
+    """oneDNN's packed fp32 weights (--dtype float32's form) and unpacked ones, fp32 or bf16
+    activations, run in the loop too."""
     path = _checkpoint(tmp_path, True)
-    kw = dict(kernel="onednn") if form == "onednn" else dict(pack=False)
+    kw = {"onednn": dict(kernel="onednn"), "plain": dict(pack=False),
+          "plain-bf16": dict(pack=False, dtype="bfloat16")}[form]
     fused, plain = _runner(path, True, **kw), _runner(path, False, **kw)
     _same_steps(fused, plain, _steps())
     assert fused.model._loop.forms() == [False]
