@@ -19,9 +19,7 @@ from libs.kernels.base import DecodeStep
 from libs.kernels.cpu_ops import RopeStep
 
 from .config import ModelConfig
-from .weights import HYBRID_ROWS, HybridWeight, ModelWeights, PackedWeight
-
-_LINEARS = ("qkv", "o_proj", "gate_up", "down")
+from .weights import HYBRID_ROWS, LINEARS, HybridWeight, ModelWeights, PackedWeight
 
 
 def _form(w, dense: bool) -> torch.Tensor:
@@ -41,7 +39,7 @@ class LayerLoop:
     def __init__(self, weights: ModelWeights, cfg: ModelConfig, kv: KVPool) -> None:
         self.kv = kv
         self._weights, self._cfg = weights, cfg
-        self._hybrid = any(isinstance(getattr(layer, n), HybridWeight) for layer in weights.layers for n in _LINEARS)
+        self._hybrid = any(isinstance(getattr(layer, n), HybridWeight) for layer in weights.layers for n in LINEARS)
         self._loops: dict[bool, object] = {}  # dense -> the C++ DecodeLayers
 
     @classmethod
@@ -53,10 +51,10 @@ class LayerLoop:
         if dense not in self._loops:
             flat, biases, widths = [], [], []
             for layer in self._weights.layers:
-                qkv, o, gate_up, down = (_form(getattr(layer, n), dense) for n in _LINEARS)
+                qkv, o, gate_up, down = (_form(getattr(layer, n), dense) for n in LINEARS)
                 flat += [layer.input_norm, qkv, o, layer.post_norm, gate_up, down]
                 biases += [layer.qkv_bias, layer.o_bias, layer.gate_up_bias, layer.down_bias]
-                widths += [getattr(layer, n).shape[0] for n in _LINEARS]
+                widths += [getattr(layer, n).shape[0] for n in LINEARS]
             cfg = self._cfg
             self._loops[dense] = cpu_ext.load().DecodeLayers(flat, biases, widths, self.kv.k, self.kv.v, cfg.num_heads,
                                                              cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)

@@ -116,7 +116,7 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
 #           1.07x ahead at 1,024 on 2 Zen 3 cores); the fp32 copy costs 4 bytes a
 #           weight more, so auto takes it only while that is under a quarter of the free memory.
 
-_LINEARS = ("qkv", "o_proj", "gate_up", "down")
+LINEARS = ("qkv", "o_proj", "gate_up", "down")
 LINEAR_KERNELS = ("auto", "onednn", "tiles", "tiles+onednn")
 HYBRID = "tiles+onednn"
 # rows from which tiles+onednn runs oneDNN: measured in-model on 2 Zen 3 cores (fp32, 300-token
@@ -203,7 +203,7 @@ def fp32_copy_fits(w: ModelWeights, share: float = 0.25, available: int | None =
     free = memory.available_bytes() if available is None else available
     if free is None:
         return True
-    weights = [getattr(layer, name) for layer in w.layers for name in _LINEARS] + [w.lm_head]
+    weights = [getattr(layer, name) for layer in w.layers for name in LINEARS] + [w.lm_head]
     return sum(math.prod(t.shape) for t in weights) * 4 <= share * free  # NOTE: plain or packed alike
 
 
@@ -211,7 +211,7 @@ def pack_weights(w: ModelWeights, kernel: str = "onednn") -> None:
     """Replace every linear weight by its packed form (the LM head gets its own copy:
     the embedding it is tied to stays plain for the lookup)."""
     for layer in w.layers:
-        for name in _LINEARS:
+        for name in LINEARS:
             setattr(layer, name, pack(getattr(layer, name), kernel))
     w.lm_head = pack(w.lm_head, kernel)
 
