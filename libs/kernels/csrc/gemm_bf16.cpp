@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "vec.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -78,7 +79,7 @@ void tile_rows(const uint16_t* x, int64_t ldx, const __m512i* w, int64_t K2, c10
   for (int j = 0; j < 4 && 16 * j < n_valid; ++j) {
     const __mmask16 mask = columns_mask(n_valid, j);
     for (int r = 0; r < R; ++r) {
-      const __m256i v = (__m256i)_mm512_cvtneps_pbh(acc[r][j]);
+      const __m256i v = rmk::bf16_rne(acc[r][j]);
       _mm256_mask_storeu_epi16(out + r * ldo + 16 * j, mask, v);
     }
   }

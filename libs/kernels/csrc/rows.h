@@ -41,18 +41,7 @@ inline __m512 load(const c10::BFloat16* p, __mmask16 m) {
 inline __m512 load(const c10::Half* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
 // fp32 -> bf16 bits, round to nearest even (NaN stays NaN), as c10::BFloat16 does
-inline __m256i bf16_bits(__m512 x) {
-#if defined(__AVX512BF16__)
-  const __m256bh h = _mm512_cvtneps_pbh(x);
-  return reinterpret_cast<const __m256i&>(h);
-#else
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  return _mm512_cvtepi32_epi16(r);
-#endif
-}
+inline __m256i bf16_bits(__m512 x) { return rmk::bf16_rne(x); }
 inline __m256i half_bits(__m512 x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
 inline void store(float* p, __m512 x, __mmask16 m) { _mm512_mask_storeu_ps(p, m, x); }

@@ -153,14 +153,25 @@ inline void narrow<float>(float* dst, const float* src, int64_t n, float scale) 
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale;
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// fp32 -> bf16 bits, round to nearest even, NaN stays NaN: c10::BFloat16's rounding exactly.
+// NOTE: not _mm512_cvtneps_pbh: that instruction flushes denormal inputs to zero (and
+// outputs), so its results differ from torch's wherever a value is below 2^-126.
+inline __m256i bf16_rne(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
+
 template <>
 inline void narrow<c10::BFloat16>(c10::BFloat16* dst, const float* src, int64_t n, float scale) {
   const __m512 s = _mm512_set1_ps(scale);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + i), s));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(h));
+    const __m256i h = bf16_rne(_mm512_mul_ps(_mm512_loadu_ps(src + i), s));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
   }
   for (; i < n; ++i) dst[i] = c10::BFloat16(src[i] * scale);
 }
