@@ -65,19 +65,32 @@ async def check_ping(nats_url: str, subject: str, instance: str | None, timeout:
     import nats
 
     from libs.protocol import codec
+    from libs.protocol.credentials import NatsCredentials
     from libs.protocol.messages import Ping, Pong
+    from libs.protocol.servers import ServerListError, parse_servers
 
     async def quiet(_: Exception) -> None:
         pass
 
     try:
-        nc = await asyncio.wait_for(nats.connect(
-            nats_url, name="healthcheck", connect_timeout=timeout, allow_reconnect=False,
-            max_reconnect_attempts=0, error_cb=quiet,
-        ), timeout)
-    except Exception as exc:  # noqa: BLE001 - any connect failure means unhealthy
-        why = f"no connection within {timeout:.1f}s" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
-        raise Unhealthy(f"cannot connect to NATS ({why})") from None
+        servers = parse_servers(nats_url)
+        options = NatsCredentials.from_env().with_url_auth(
+            servers.user, servers.password, servers.token).connect_options()
+    except (ServerListError, ValueError, FileNotFoundError) as exc:
+        raise Unhealthy(f"bad NATS settings: {exc}") from None
+    nc, why = None, ""
+    for url in servers.urls:  # NOTE: any node of the cluster will do: one try each
+        try:
+            nc = await asyncio.wait_for(nats.connect(
+                url, name="healthcheck", connect_timeout=timeout, allow_reconnect=False,
+                max_reconnect_attempts=0, error_cb=quiet, **options,
+            ), timeout)
+            break
+        except Exception as exc:  # noqa: BLE001 - any connect failure: the next server
+            why += f"; {url}: " + (f"no connection within {timeout:.1f}s"
+                                   if isinstance(exc, asyncio.TimeoutError) else repr(exc))
+    if nc is None:
+        raise Unhealthy(f"cannot connect to NATS ({why[2:]})")
     found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def on_reply(msg) -> None:

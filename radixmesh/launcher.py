@@ -37,6 +37,7 @@ from libs.models import DEFAULT_MODEL, resolve_model
 from libs.transfer.errors import StoreError
 
 from . import store_up
+from .nats_cluster import NatsCluster
 from .natsd import NatsServer, free_port
 from .trace import SPANS_FILE, SpanReceiver
 
@@ -79,6 +80,7 @@ class StackConfig:
     nats_url: str | None = None  # an existing broker; None: start nats-server
     nats_port: int = 0  # the port of the nats-server the stack starts (0: a free one)
     nats_host: str = "127.0.0.1"  # where that nats-server listens
+    nats_cluster: int = 1  # nodes of the NATS cluster the stack starts (1: a single server)
     subject_prefix: str = "rm"
     log_dir: Path = Path("logs")
     dtype: str = "auto"  # the worker picks: bfloat16 on CUDA and AMX / AVX512-BF16 CPUs, else float32
@@ -126,7 +128,8 @@ class LocalStack:
         self.procs: list[_Proc] = []  # the services, in start order
         self.nats_url = config.nats_url or ""
         self.spans: SpanReceiver | None = None
-        self._broker: _Proc | None = None  # the nats-server this stack started
+        self._brokers: list[_Proc] = []  # the nats-server nodes this stack started
+        self._nodes: list[NatsServer] = []
         self._mooncake: _Proc | None = None  # the mooncake_master (--kv-store mooncake without a master)
         self._store_args: list[str] = []  # the workers' flags for it
         self._env: dict[str, str] = {}
@@ -172,13 +175,21 @@ class LocalStack:
 
     def _start_broker(self) -> None:
         cfg = self.config
-        self.nats = NatsServer(port=cfg.nats_port or None, host=cfg.nats_host,
-                               log_file=cfg.log_dir / f"{BROKER}.log",
-                               jetstream_dir=cfg.log_dir / "jetstream").start()
-        self.nats_url = self.nats.url
-        nats = self.nats
-        self._broker = _Proc(BROKER, BROKER, nats.proc, nats.log_file, lambda: nats.start().proc)
-        self.progress(f"nats-server on {self.nats_url}")
+        n = max(1, cfg.nats_cluster)
+        if n > 1:
+            ports = [cfg.nats_port + i for i in range(n)] if cfg.nats_port else None
+            self._nodes = NatsCluster(n, log_dir=cfg.log_dir, jetstream_dir=cfg.log_dir / "jetstream",
+                                      host=cfg.nats_host, ports=ports).start().nodes
+        else:
+            self._nodes = [NatsServer(port=cfg.nats_port or None, host=cfg.nats_host,
+                                      log_file=cfg.log_dir / f"{BROKER}.log",
+                                      jetstream_dir=cfg.log_dir / "jetstream").start()]
+        self.nats = self._nodes[0]
+        self.nats_url = ",".join(node.url for node in self._nodes)
+        self._brokers = [_Proc(f"{BROKER}-{node.server_name}" if n > 1 else BROKER, BROKER, node.proc,
+                               node.log_file, (lambda node=node: node.start().proc)) for node in self._nodes]
+        self.progress(f"nats-server on {self.nats_url}" if n == 1 else
+                      f"NATS cluster of {n} nodes on {self.nats_url}")
 
     def _start_mooncake(self) -> None:
         cfg = self.config
@@ -304,7 +315,7 @@ class LocalStack:
         return pid
 
     def _watched(self) -> list[_Proc]:
-        return [*self.procs, *(p for p in (self._broker, self._mooncake) if p is not None)]
+        return [*self.procs, *self._brokers, *(p for p in (self._mooncake,) if p is not None)]
 
     def _supervise(self) -> None:
         while not self._stopping.wait(RESTART_POLL_S) and not self.stopping:
@@ -374,11 +385,11 @@ class LocalStack:
 
     def start_nats(self) -> None:
         """Start nats-server again on the same port (after :meth:`kill_nats`)."""
-        if self.nats is None or self._broker is None:
+        if self.nats is None or not self._brokers:
             raise StackError("this stack does not run its own nats-server")
         with self._lock:
             if self.nats.proc is None or self.nats.proc.poll() is not None:
-                self._broker.popen = self.nats.start().proc
+                self._brokers[0].popen = self.nats.start().proc
 
     def stop(self) -> None:
         """Stop in order: no more restarts, the services (SIGTERM, then SIGKILL after
@@ -408,10 +419,9 @@ class LocalStack:
         if self._mooncake is not None:  # NOTE: after the workers, which unmount their segments
             _stop(self._mooncake.popen)
             self._mooncake = None
-        if self.nats:
-            self.nats.stop()
-            self.nats = None
-        self._broker = None
+        for node in self._nodes:
+            node.stop()
+        self._nodes, self._brokers, self.nats = [], [], None
         (self.config.log_dir / STATE_FILE).unlink(missing_ok=True)
 
     def __enter__(self) -> LocalStack:

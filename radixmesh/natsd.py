@@ -42,6 +42,15 @@ def wait_for_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> 
 
 
 @dataclass(frozen=True)
+class Routes:
+    """This node's place in a cluster: its route port and the other nodes' route URLs."""
+
+    name: str  # the cluster's name
+    port: int  # where this node listens for routes
+    routes: tuple[str, ...]  # nats://host:port of the others (itself may be among them)
+
+
+@dataclass(frozen=True)
 class ServerTls:
     """The server's certificate and key; ``ca`` set: clients must show a cert it signed."""
 
@@ -58,8 +67,13 @@ class NatsServer:
     def __init__(self, port: int | None = None, log_file: str | os.PathLike | None = None,
                  max_payload: int = 8 * 1024 * 1024, user: str | None = None,
                  password: str | None = None, tls: ServerTls | None = None,
-                 host: str = "127.0.0.1", jetstream_dir: str | os.PathLike | None = None) -> None:
+                 host: str = "127.0.0.1", jetstream_dir: str | os.PathLike | None = None,
+                 server_name: str | None = None, cluster: Routes | None = None,
+                 monitor_port: int | None = None) -> None:
         self.port = port or free_port()
+        self.monitor_port = monitor_port  # the HTTP monitoring endpoint (/varz, /routez), if any
+        self.server_name = server_name
+        self.cluster = cluster
         self.host = host
         self.log_file = Path(log_file) if log_file else None
         self._started = False
@@ -74,6 +88,14 @@ class NatsServer:
         """The nats-server config: payload limit, then auth and TLS when asked for."""
         q = json.dumps  # a JSON string is a valid quoted string in the NATS config
         lines = [f"max_payload: {self.max_payload}"]
+        if self.server_name:  # NOTE: JetStream in a cluster needs a name per node
+            lines.append(f"server_name: {q(self.server_name)}")
+        if self.monitor_port:
+            lines.append(f"http: {q(f'127.0.0.1:{self.monitor_port}')}")
+        if self.cluster is not None:
+            routes = ", ".join(q(r) for r in self.cluster.routes)
+            lines.append(f"cluster {{ name: {q(self.cluster.name)}, listen: {q(f'{self.host}:{self.cluster.port}')}, "
+                         f"routes: [{routes}] }}")
         if self.user is not None:
             lines.append(f"authorization {{ user: {q(self.user)}, password: {q(self.password or '')} }}")
         if self.tls is not None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -27,6 +28,7 @@ from . import codec, errors, tracing
 from .credentials import NatsCredentials
 from .errors import ServiceError
 from .messages import Base, ErrorInfo
+from .servers import Backoff, parse_servers
 
 T = TypeVar("T")
 Handler = Callable[[Any], Awaitable[Base | None]]
@@ -45,12 +47,23 @@ class _Link:
         self.ready = asyncio.Event()
         self.ready.set()
         self.reconnected_at = float("-inf")  # monotonic
+        self.server = ""  # host:port of the server it is (or was last) connected to
+        self.nc: Client | None = None
+
+    def note_server(self) -> None:
+        url = self.nc.connected_url if self.nc is not None else None
+        if url is not None:
+            self.server = url.netloc
+
+    def last_server(self) -> str:
+        return self.server
 
     async def on_disconnect(self) -> None:
         self.ready.clear()
 
     async def on_reconnect(self) -> None:
         self.reconnected_at = time.monotonic()
+        self.note_server()
         self.ready.set()
 
     async def settled(self, limit: float) -> bool:
@@ -78,19 +91,30 @@ class Bus:
     # 0.5 s): for this long "no responders" is retried (every 50 ms, within the request's timeout)
     RESUBSCRIBE_S = 3.0
 
-    @classmethod
-    async def connect(cls, url: str, name: str, connect_timeout: float = 5.0,
-                      credentials: NatsCredentials | None = None) -> "Bus":
-        """Connect (retrying while the broker is unreachable).
+    # NOTE: nats-py's default (120 s x 2) lets a powered-off host (no TCP reset) stall its
+    # peers for ~4 minutes; these notice a silent server in PING_S x (MAX_PINGS + 1)
+    PING_S = float(os.environ.get("RADIXMESH_NATS_PING_S", "2"))
+    MAX_PINGS = 2
+    BACKOFF = Backoff()
 
-        ``credentials`` default to the environment (:meth:`NatsCredentials.from_env`).
-        Refused credentials or a failed TLS handshake raise :class:`BusAuthError`
-        at once instead of retrying forever.
+    @classmethod
+    async def connect(cls, url: str | Iterable[str], name: str, connect_timeout: float = 5.0,
+                      credentials: NatsCredentials | None = None) -> "Bus":
+        """Connect to one of the servers ``url`` names (comma-separated or a list: a cluster),
+        retrying while none is reachable, and fail over among them (and those the cluster
+        announces) afterwards.
+
+        ``credentials`` default to the environment (:meth:`NatsCredentials.from_env`); a
+        user or token written inside a URL is used for every server. Refused credentials or
+        a failed TLS handshake raise :class:`BusAuthError` at once instead of retrying forever.
         """
+        servers = parse_servers(url)
         creds = NatsCredentials.from_env() if credentials is None else credentials
+        creds = creds.with_url_auth(servers.user, servers.password, servers.token)
         refused: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
         nc = Client()
         link = _Link()
+        link.nc = nc
 
         async def on_error(exc: Exception) -> None:
             if not nc.is_connected and _fatal(exc) and not refused.done():
@@ -98,12 +122,15 @@ class Bus:
             log.warning("nats error (%s): %s", name, exc)
 
         connecting = asyncio.ensure_future(nc.connect(
-            servers=[url],
+            servers=list(servers.urls),
             name=name,
             connect_timeout=connect_timeout,
             allow_reconnect=True,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
+            reconnect_to_server_handler=cls.BACKOFF.handler(link.last_server),
+            ping_interval=cls.PING_S,
+            max_outstanding_pings=cls.MAX_PINGS,
             error_cb=on_error,
             disconnected_cb=link.on_disconnect,
             reconnected_cb=link.on_reconnect,
@@ -120,10 +147,24 @@ class Bus:
             connecting.cancel()
             await asyncio.wait((connecting,))
             await nc.close()
-            raise BusAuthError(f"NATS at {url} refused {name}: {refused.result()} (check "
+            raise BusAuthError(f"NATS at {servers} refused {name}: {refused.result()} (check "
                                "RADIXMESH_NATS_USER/PASSWORD/TOKEN/CREDS and the TLS files)")
         connecting.result()
+        link.note_server()
         return cls(nc, name, link)
+
+    def broker(self) -> dict[str, str]:
+        """The NATS node this client is on now and the cluster it sees (for /health, pongs)."""
+        info = getattr(self.nc, "_server_info", None) or {}  # NOTE: nats-py keeps INFO private
+        url = self.nc.connected_url
+        peers = {u for u in info.get("connect_urls") or ()}
+        return {
+            "nats_server": str(info.get("server_name") or info.get("server_id") or ""),
+            "nats_url": url.netloc if url else "",
+            "nats_cluster": str(info.get("cluster") or ""),
+            # NOTE: connect_urls lists the cluster's client URLs, this node's among them
+            "nats_nodes": str(max(len(peers), 1) if url else 0),
+        }
 
     async def close(self) -> None:
         """Drain and close; never raises (the broker may be gone or reconnecting)."""

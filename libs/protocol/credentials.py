@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 ENV = {
@@ -49,6 +49,12 @@ class NatsCredentials:
     def from_env(cls, environ: dict[str, str] | None = None) -> "NatsCredentials":
         env = os.environ if environ is None else environ
         return cls(**{name: env.get(var) or None for name, var in ENV.items()})
+
+    def with_url_auth(self, user: str | None, password: str | None, token: str | None) -> "NatsCredentials":
+        """These credentials, completed by those a server URL carried (explicit options win)."""
+        if self.user is None and self.token is None and (user is not None or token is not None):
+            return replace(self, user=user, password=password if user is not None else None, token=token)
+        return self
 
     def env(self) -> dict[str, str]:
         """The environment that makes a child service connect like this."""

@@ -44,7 +44,9 @@ class CommonConfig:
 
 def add_common_args(parser: argparse.ArgumentParser, service: str) -> None:
     env = os.environ.get
-    parser.add_argument("--nats-url", default=env("NATS_URL", DEFAULT_NATS_URL))
+    parser.add_argument("--nats-url", default=env("NATS_URL", DEFAULT_NATS_URL),
+                        help="NATS server URL, or a cluster's URLs comma-separated (env NATS_URL); "
+                             "credentials go in the --nats-* options, not in the URL")
     parser.add_argument(
         "--subject-prefix", default=env("RADIXMESH_SUBJECT_PREFIX", "rm"),
         help="prefix of every NATS subject (lets several stacks share a broker)",
@@ -120,7 +122,7 @@ async def run_service(service: str, config: CommonConfig, body: Body) -> None:
         async def on_ping(_: Ping) -> Pong:
             return Pong(
                 service=service, instance=config.instance,
-                uptime_s=time.monotonic() - ctx.started, detail=ctx.detail,
+                uptime_s=time.monotonic() - ctx.started, detail={**ctx.detail, **bus.broker()},
             )
 
         await body(ctx)

@@ -39,11 +39,22 @@ _FAILURES = (NatsTimeout, NoRespondersError, ConnectionClosedError, ConnectionDr
              ConnectionReconnectingError, ServiceUnavailableError, TimeoutError, OSError)
 
 
-def stream_config(bucket: str, max_bytes: int, storage: str = "file") -> api.StreamConfig:
+def cluster_nodes(nc: Client) -> int:
+    """How many nodes the cluster behind ``nc`` has (1: a single server)."""
+    info = getattr(nc, "_server_info", None) or {}  # NOTE: nats-py keeps INFO private
+    return max(len(set(info.get("connect_urls") or ())), 1)
+
+
+def default_replicas(nc: Client) -> int:
+    """R3 where the cluster has 3 nodes or more (a page survives a node), else R1."""
+    return 3 if cluster_nodes(nc) >= 3 else 1
+
+
+def stream_config(bucket: str, max_bytes: int, storage: str = "file", replicas: int = 1) -> api.StreamConfig:
     return api.StreamConfig(
         name=f"KV_{bucket}", subjects=[f"$KV.{bucket}.>"], allow_direct=True, allow_rollup_hdrs=True,
         deny_delete=True, discard=api.DiscardPolicy.OLD, max_bytes=max_bytes, max_msgs_per_subject=1,
-        max_msgs=-1, max_consumers=-1, storage=api.StorageType(storage), num_replicas=1,
+        max_msgs=-1, max_consumers=-1, storage=api.StorageType(storage), num_replicas=replicas,
     )
 
 
@@ -61,14 +72,15 @@ class JetStreamStore(PageStore):
 
     @classmethod
     async def open(cls, nc: Client, spec: PageSpec, bucket: str = DEFAULT_BUCKET,
-                   max_bytes: int = DEFAULT_MAX_BYTES, storage: str = "file", **options) -> "JetStreamStore":
+                   max_bytes: int = DEFAULT_MAX_BYTES, storage: str = "file", replicas: int = 0,
+                   **options) -> "JetStreamStore":
         """The store on bucket ``bucket``, its stream created (or fixed: discard old, direct
-        get) first. Raises PageTooLarge when a page exceeds the broker's max_payload,
+        get, ``replicas`` copies; 0: :func:`default_replicas`) first. Raises PageTooLarge when a page exceeds the broker's max_payload,
         StoreUnavailable when JetStream does not answer (not enabled: nats-server -js)."""
         spec.require_fits(nc.max_payload, f"the NATS server at {nc.connected_url.netloc if nc.connected_url else '?'}"
                                            " (max_payload)")
         store = cls(nc, spec, bucket, **options)
-        await store._ensure_stream(stream_config(bucket, max_bytes, storage))
+        await store._ensure_stream(stream_config(bucket, max_bytes, storage, replicas or default_replicas(nc)))
         return store
 
     async def _ensure_stream(self, config: api.StreamConfig) -> None:
@@ -88,8 +100,14 @@ class JetStreamStore(PageStore):
                         config.max_bytes)
         if not have.allow_direct or have.discard != api.DiscardPolicy.OLD or have.max_msgs_per_subject != 1:
             log.warning("bucket %s: setting discard old, history 1 and direct get", self.bucket)
-            await jsm.update_stream(have.evolve(allow_direct=True, discard=api.DiscardPolicy.OLD,
-                                                max_msgs_per_subject=1))
+            have = have.evolve(allow_direct=True, discard=api.DiscardPolicy.OLD, max_msgs_per_subject=1)
+            await jsm.update_stream(have)
+        if (have.num_replicas or 1) != config.num_replicas:
+            log.warning("bucket %s: %s replicas -> %s", self.bucket, have.num_replicas or 1, config.num_replicas)
+            try:
+                await jsm.update_stream(have.evolve(num_replicas=config.num_replicas))
+            except APIError as exc:  # e.g. fewer nodes up now than asked for: serve as it is
+                log.warning("bucket %s keeps %s replicas: %s", self.bucket, have.num_replicas or 1, exc)
 
     def subject(self, key: str) -> str:
         return f"$KV.{self.bucket}.{key}"
