@@ -307,6 +307,11 @@ class LocalStack:
         """Every process of the stack by name (the services, then the broker it started)."""
         return {p.name: p.popen.pid for p in self._watched()}
 
+    @property
+    def nats_nodes(self) -> dict[str, NatsServer]:
+        """The nats-server nodes this stack started, by process name."""
+        return {proc.name: node for proc, node in zip(self._brokers, self._nodes)}
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` (default SIGKILL) to a service; returns its pid. A supervised
         one is restarted by the supervisor."""
