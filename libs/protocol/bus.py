@@ -24,7 +24,7 @@ from nats.errors import (
 )
 from nats.errors import TimeoutError as NatsTimeout
 
-from . import codec, errors, tracing
+from . import codec, errors, faults, tracing
 from .credentials import NatsCredentials
 from .errors import ServiceError
 from .messages import Base, ErrorInfo
@@ -84,6 +84,7 @@ class Bus:
         self.name = name
         self._tasks: set[asyncio.Task] = set()
         self._link = link or _Link()
+        self._faults = faults.from_env()  # NOTE: empty unless a test asks for dropped messages
 
     MAX_CONCURRENT = 1024  # handlers in flight per concurrent subscription
     DRAIN_TIMEOUT_S = 3.0  # close() gives up draining (a broker gone mid-drain) after this
@@ -241,6 +242,8 @@ class Bus:
         slots = asyncio.Semaphore(self.MAX_CONCURRENT)
 
         async def on_msg(raw: Msg) -> None:
+            if self._faults and faults.should_drop(self._faults, raw.subject):
+                return
             if concurrent:
                 await slots.acquire()
                 task = asyncio.create_task(self._handle(raw, handler, msg_type))

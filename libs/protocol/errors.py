@@ -47,3 +47,9 @@ def timeout(message: str) -> ServiceError:
 
 def internal(message: str) -> ServiceError:
     return ServiceError("internal_error", message, 500)
+
+
+def stream_gap(message: str) -> ServiceError:
+    """A token batch of a stream was lost on the way (a broker node died, a reconnect):
+    the request resumes from the last token its client got."""
+    return ServiceError("stream_gap", message, 503)

@@ -296,6 +296,9 @@ class TokenDelta(Base, array_like=True):
     logprobs: Logprobs | None = None  # requests with return_logprob: tokens since the last delta
     cached_host_tokens: int = 0  # of cached_tokens: loaded back from the host tier
     cached_store_tokens: int = 0  # of cached_tokens: fetched from the shared store (L3), not in host
+    # where token_ids start in the request's output (replayed tokens of a resume counted):
+    # a consumer that expected another position lost or repeated a batch (-1: unnumbered)
+    pos: int = -1
 
 
 class DetokBatch(Base, tag="detok.v1"):
@@ -418,6 +421,7 @@ class TextDelta(Base, array_like=True):
     error: ErrorInfo | None = None
     usage: Usage | None = None
     logprobs: Logprobs | None = None
+    pos: int = -1  # TokenDelta.pos of the tokens it carries (-1: unnumbered)
 
 
 class GatewayBatch(Base, tag="gw_out.v1"):

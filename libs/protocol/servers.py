@@ -79,7 +79,7 @@ class Backoff:
     with jitter, so a cluster's clients do not all return to a restarted node together."""
 
     base_s: float = 0.25
-    cap_s: float = 4.0
+    cap_s: float = 2.0
     jitter: float = 0.5  # +- this share of the delay
 
     def delay(self, failures: int) -> float:

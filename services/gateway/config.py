@@ -18,3 +18,4 @@ class PipelineConfig:
     resume_wait: float = 5.0  # a lost scheduler's requests wait this long for its successor
     tokenizer_probe_interval: float = 1.0  # how often tokenizers are pinged while requests run
     tokenizer_wait: float = 30.0  # a lost tokenizer's requests wait this long for another
+    broker_wait: float = 30.0  # requests cut by a broker blip wait this long for the bus to return

@@ -41,9 +41,13 @@ class Generation:
     consumer got, so the resumed stream goes on with no gap and no repeat.
     """
 
-    RETRIABLE = frozenset({"worker_lost", "worker_failed", "scheduler_lost", "tokenizer_lost"})
-    KEEP_WORKER = frozenset({"scheduler_lost", "tokenizer_lost"})  # the worker itself is fine
-    MAX_RETRIES = 3
+    # the worker itself is fine: a blip of the bus (broker_unavailable: the scheduler lost a
+    # step's reply) or a lost batch of output
+    KEEP_WORKER = frozenset({"scheduler_lost", "tokenizer_lost", "stream_gap", "broker_unavailable"})
+    RETRIABLE = KEEP_WORKER | {"worker_lost", "worker_failed"}
+    MAX_RETRIES = 3  # lost workers, schedulers, tokenizers
+    BLIPS = frozenset({"stream_gap", "broker_unavailable"})
+    MAX_BLIPS = 12  # lost batches and bus blips: cheap to resume (the prefix is cached)
 
     def __init__(self, rid: str, worker_id: str, queue: asyncio.Queue[TextDelta],
                  prompt_tokens: int, span: Span, request_timeout: float,
@@ -64,6 +68,7 @@ class Generation:
         self.request: Any = None
         self._resubmit: Callable[["Generation", str, bool, str], Awaitable[None]] | None = None
         self.retries = 0
+        self.blips = 0
         self._delivered = False
         self.output_ids: list[int] = []  # every token id handed to the consumer
         self.emitted_chars = 0  # characters of text handed to the consumer
@@ -82,6 +87,7 @@ class Generation:
         self.closed = False
         self._queue = queue
         self._error: ServiceError | None = None
+        self._gap: ServiceError | None = None  # found behind deltas that went out first
 
     async def __aenter__(self) -> "Generation":
         return self
@@ -111,7 +117,7 @@ class Generation:
                detok_instance: str = "", session: str = "") -> None:
         """Continue on a fresh submission (same public rid)."""
         self.bus_rid, self.worker_id, self._queue = bus_rid, worker_id, queue
-        self._lost = False
+        self._lost, self._gap = False, None
         self.detok_instance, self.session = detok_instance, session
         self.bound_at = time.monotonic()
         self._error, self.finished, self.finish_reason, self.usage = None, False, None, None
@@ -125,7 +131,10 @@ class Generation:
             except ServiceError as exc:
                 if not self._retriable(exc):
                     raise
-                self.retries += 1
+                if exc.code in self.BLIPS:
+                    self.blips += 1
+                else:
+                    self.retries += 1
                 try:
                     # NOTE: a lost scheduler or tokenizer leaves a healthy worker behind: keep it
                     await self._resubmit(self, self.worker_id, exc.code not in self.KEEP_WORKER,
@@ -148,7 +157,8 @@ class Generation:
 
     def _retriable(self, exc: ServiceError) -> bool:
         return (exc.code in self.RETRIABLE and self._resubmit is not None
-                and self.retries < self.MAX_RETRIES and not self.closed)
+                and not self.closed
+                and (self.blips < self.MAX_BLIPS if exc.code in self.BLIPS else self.retries < self.MAX_RETRIES))
 
     def lost(self, error: ServiceError) -> None:
         """The submission's scheduler or worker is gone (seen by a watchdog):
@@ -163,6 +173,15 @@ class Generation:
             raise self._error
         if self.finished:
             raise RuntimeError(f"request {self.rid} already finished")
+        while True:
+            if self._gap is not None:
+                gap, self._gap = self._gap, None
+                raise gap
+            items = self._in_order(await self._take())
+            if items:
+                return self._merge(items)
+
+    async def _take(self) -> list[TextDelta]:
         try:
             async with asyncio.timeout(self.request_timeout):
                 first = await self._queue.get()
@@ -174,7 +193,22 @@ class Generation:
         items = [first]
         while not self._queue.empty() and items[-1].finish_reason is None and items[-1].error is None:
             items.append(self._queue.get_nowait())
-        return self._merge(items)
+        return items
+
+    def _in_order(self, items: list[TextDelta]) -> list[TextDelta]:
+        """The deltas that continue the output the consumer has: repeats dropped; at a gap
+        (a batch lost on the way) the rest is held back and the request resumes from here."""
+        expected = len(self.output_ids)
+        kept: list[TextDelta] = []
+        for item in items:
+            if item.pos < 0 or item.pos == expected:
+                kept.append(item)
+                expected += len(item.token_ids)
+            elif item.pos + len(item.token_ids) > expected or item.finish_reason is not None:
+                self._gap = errors.stream_gap(f"output of request {self.rid} lost on the way: "
+                                              f"expected token {expected}, got {item.pos}")
+                break
+        return kept
 
     def _merge(self, items: list[TextDelta]) -> TextDelta:
         last = items[-1]
@@ -195,7 +229,7 @@ class Generation:
         self.output_ids.extend(token_ids)
         self.emitted_chars += len(text)
         finish = None if self._error is not None else last.finish_reason
-        if self.retries and self.usage is not None:
+        if (self.retries or self.blips) and self.usage is not None:
             self.usage = prompt_only(self.usage)
         return TextDelta(rid=self.rid, text=text, token_ids=token_ids,
                          finish_reason=finish, usage=self.usage,

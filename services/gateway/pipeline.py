@@ -25,8 +25,7 @@ import uuid
 from opentelemetry import trace
 from opentelemetry.trace import Span, StatusCode
 
-from libs.protocol import Bus, ServiceError, Subjects, tracing
-from libs.protocol.bus import broker_unavailable
+from libs.protocol import Bus, ServiceError, Subjects, errors, tracing
 from libs.protocol.messages import (
     AbortRequest, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch, ReleaseRequest, TextDelta,
 )
@@ -111,8 +110,11 @@ class Pipeline:
         while True:
             await asyncio.sleep(self.config.watch_interval)
             if not self.bus.nc.is_connected:
+                # NOTE: output sent meanwhile may be lost, a final delta too (no later delta
+                # would show the gap): resume every open request once the bus is back
                 for gen in list(self._live):
-                    gen.lost(broker_unavailable(self.subjects.gateway_out(self.instance)))
+                    gen.lost(errors.stream_gap(f"{self.subjects.gateway_out(self.instance)}: "
+                                               "the broker connection dropped"))
                 continue
             for gen in list(self._live):
                 reason = self.loads.lost(gen.worker_id, gen.session, gen.bound_at)
@@ -243,7 +245,8 @@ class Pipeline:
             gen.failed_workers.append(failed_worker)
         resume = Resume(seed=gen.seed, prompt_ids=gen.prompt_ids, output_ids=list(gen.output_ids),
                          emitted_chars=gen.emitted_chars)
-        wait = self.config.tokenizer_wait if code == "tokenizer_lost" else self.config.resume_wait
+        wait = {"tokenizer_lost": self.config.tokenizer_wait, "stream_gap": self.config.broker_wait,
+                "broker_unavailable": self.config.broker_wait}.get(code, self.config.resume_wait)
         deadline = time.monotonic() + (0.0 if exclude else wait)
         while True:
             rid = uuid.uuid4().hex

@@ -277,7 +277,7 @@ class SchedulerCore:
         req.streamed = True
         # NOTE: cached_tokens on every delta: a stop string may end the stream before our finish
         self._out.append((req.detok_instance, TokenDelta(
-            rid=req.rid, token_ids=self._unsent(req), cached_tokens=req.cached_tokens,
+            rid=req.rid, pos=req.sent, token_ids=self._unsent(req), cached_tokens=req.cached_tokens,
             cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,
             logprobs=pop_logprobs(req))))
 
@@ -315,7 +315,7 @@ class SchedulerCore:
                     code=f"prefill_{reason}", message=f"the prefill ended: {reason}", status=503)))
             return
         self._out.append((req.detok_instance, TokenDelta(
-            rid=req.rid, token_ids=self._unsent(req), finish_reason=reason, error=req.error,
+            rid=req.rid, pos=req.sent, token_ids=self._unsent(req), finish_reason=reason, error=req.error,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens, logprobs=pop_logprobs(req),
             cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from opentelemetry import trace
 
+from libs.protocol import errors
 from libs.protocol.messages import DetokBatch, ErrorInfo, Logprobs, TextDelta, TokenDelta, Usage
 
 from .detok import DecodeState, Detokenizer, StepResult
@@ -32,6 +33,7 @@ class Stream:
     cached_store_tokens: int = 0
     trace_ctx: Any = None  # the request's trace context; None: not traced
     first_ns: int = 0  # wall time of its first token delta (traced streams only)
+    next_pos: int = 0  # TokenDelta.pos the next delta must carry
 
 
 @dataclass
@@ -76,7 +78,7 @@ class Streams:
         if output_ids:
             self._detok.prime(state, output_ids, emitted_chars)
         self._streams[rid] = Stream(rid, gateway, prompt_tokens, state, self._clock(),
-                                    trace_ctx=trace_ctx)
+                                    trace_ctx=trace_ctx, next_pos=len(output_ids or ()))
 
     def release(self, rids: list[str]) -> int:
         """Drop streams; returns how many existed."""
@@ -92,13 +94,14 @@ class Streams:
     def step(self, batch: DetokBatch) -> StepOutput:
         """Detokenize one scheduler step. Unknown rids (already finished) are ignored."""
         now = self._clock()
-        pairs = [(s, item) for item in batch.items if (s := self._streams.get(item.rid))]
+        out = StepOutput()
+        pairs = [(s, item) for item in batch.items
+                 if (s := self._streams.get(item.rid)) and self._in_order(s, item, out)]
         results = self._detok.step(
             [s.decode for s, _ in pairs],
             [item.token_ids for _, item in pairs],
             [item.finish_reason is not None for _, item in pairs],
         )
-        out = StepOutput()
         for (stream, item), res in zip(pairs, results):
             stream.last_seen = now
             if stream.trace_ctx is not None and not stream.first_ns:
@@ -118,6 +121,21 @@ class Streams:
                     _detok_span(stream, delta.finish_reason)
         return out
 
+    def _in_order(self, stream: Stream, item: TokenDelta, out: StepOutput) -> bool:
+        """True: ``item`` is the stream's next delta. A repeat is dropped; a gap (a batch
+        lost on the way) ends the stream with ``stream_gap`` so the gateway resumes it."""
+        if item.pos < 0 or item.pos == stream.next_pos:
+            stream.next_pos += len(item.token_ids)
+            return True
+        if item.pos + len(item.token_ids) <= stream.next_pos and item.finish_reason is None:
+            return False  # NOTE: all of it delivered before
+        del self._streams[stream.rid]
+        out.aborts[stream.rid] = "error"
+        gap = errors.stream_gap(f"token batch lost: expected token {stream.next_pos}, got {item.pos}")
+        out.per_gateway.setdefault(stream.gateway, []).append(TextDelta(
+            rid=stream.rid, text="", token_ids=[], finish_reason="error", error=gap.info(), pos=item.pos))
+        return False
+
     def _delta(self, stream: Stream, item: TokenDelta, res: StepResult) -> TextDelta | None:
         finish, error = item.finish_reason, item.error
         if res.error is not None and finish is None:
@@ -128,7 +146,7 @@ class Streams:
             if not res.text and not item.token_ids:
                 return None
             return TextDelta(rid=stream.rid, text=res.text, token_ids=item.token_ids,
-                             logprobs=self._with_texts(item.logprobs))
+                             logprobs=self._with_texts(item.logprobs), pos=item.pos)
         usage = Usage(
             prompt_tokens=item.prompt_tokens or stream.prompt_tokens,
             completion_tokens=item.completion_tokens or stream.decode.num_tokens,
@@ -138,7 +156,7 @@ class Streams:
         return TextDelta(
             rid=stream.rid, text=res.text, token_ids=item.token_ids,
             finish_reason=finish, error=error, usage=usage,
-            logprobs=self._with_texts(item.logprobs),
+            logprobs=self._with_texts(item.logprobs), pos=item.pos,
         )
 
     def _with_texts(self, lp: Logprobs | None) -> Logprobs | None:

@@ -44,7 +44,7 @@ def test_bad_lists_are_refused_with_the_entry_named(spec, words):
 
 
 def test_backoff_tries_a_fresh_server_at_once_and_spreads_retries():
-    b = Backoff(base_s=0.25, cap_s=4.0, jitter=0.5)
+    b = Backoff(base_s=0.25, cap_s=4.0, jitter=0.5)  # NOTE: explicit, not the defaults
     assert b.delay(0) == 0.0
     delays = [b.delay(1) for _ in range(200)]
     assert 0.125 <= min(delays) < max(delays) <= 0.375 and len(set(delays)) > 100

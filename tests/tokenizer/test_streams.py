@@ -118,3 +118,23 @@ def test_release_and_idle_sweep(streams, clock, tokenizer):
     clock.now += 20
     assert streams.sweep(idle_timeout=60) == ["c"]
     assert "b" in streams and len(streams) == 1
+
+
+def test_numbered_deltas_in_order_pass_repeats_drop_and_a_gap_ends_the_stream(streams, tokenizer):
+    ids = tokenizer.encode("one two three four")
+    streams.open("a", "gw-1", 3, [], True)
+    first = streams.step(batch(TokenDelta(rid="a", token_ids=ids[:2], pos=0)))
+    assert first.per_gateway["gw-1"][0].pos == 0
+    assert streams.step(batch(TokenDelta(rid="a", token_ids=ids[:2], pos=0))).per_gateway == {}  # a repeat
+    gap = streams.step(batch(TokenDelta(rid="a", token_ids=ids[3:], pos=3)))  # token 2 never came
+    (delta,) = gap.per_gateway["gw-1"]
+    assert (delta.finish_reason, delta.error.code, delta.error.status) == ("error", "stream_gap", 503)
+    assert gap.aborts == {"a": "error"} and "a" not in streams
+
+
+def test_a_resumed_stream_expects_the_position_after_its_replayed_output(streams, tokenizer):
+    ids = tokenizer.encode("one two three")
+    streams.open("a", "gw-1", 3, [], True, output_ids=ids[:2], emitted_chars=len("one two"))
+    out = streams.step(batch(TokenDelta(rid="a", token_ids=ids[2:], pos=2, finish_reason="length")))
+    (delta,) = out.per_gateway["gw-1"]
+    assert (delta.text, delta.finish_reason) == (" three", "length")
