@@ -5,7 +5,7 @@ a few callbacks; on a machine whose cores the worker's compute threads also use,
 comes out of the steps. uvloop (libuv, as vLLM's and SGLang's servers use) runs the same
 asyncio API for less: over 200-step decode runs on 2 cores the gateway, tokenizer, scheduler,
 cache index and broker used 6-12% less CPU per step at batch 8 and 32 with it (none less at
-batch 1; README, "The stack beside its in-process runner").
+batch 1; PERFORMANCE-HISTORY.md, 2026-12-06, "the stack beside its runner").
 ``RADIXMESH_EVENT_LOOP=asyncio`` keeps the standard loop (e.g. to compare, or to debug).
 """
 

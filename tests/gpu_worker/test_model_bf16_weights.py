@@ -5,7 +5,7 @@ stays fp32. So against HF in fp32 with the *same rounded weights* the math is th
 to the order of fp32 sums: logits agree to fp32 tolerance and greedy decoding is identical,
 as the fp32 parity tests demand. Against HF's unrounded fp32 weights (the default model's
 are dequantized GGUF values, not bf16 ones: ~0.1% relative rounding) greedy picks differ
-only near ties; the agreement figure asserted below is the one the README states.
+only near ties; the agreement figure asserted below is the one docs/cpu-kernels.md states.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def bf16_kv_runner(runner) -> ModelRunner:
 
 def test_bf16_kv_greedy_agreement(bf16_kv_runner, hf_rounded, hf_model, tokenizer):
     """KV rounded to bf16 as it is stored (a relative 2^-9 per element, attention's sums in fp32):
-    greedy picks move only near ties. The figures asserted are the README's."""
+    greedy picks move only near ties. The figures asserted are docs/cpu-kernels.md's."""
     assert bf16_kv_runner.kv.k[0].dtype == torch.bfloat16 and bf16_kv_runner.attn.dtype == torch.float32
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
     ours = _generate(bf16_kv_runner, prompts, list(range(len(prompts))), _Slots(bf16_kv_runner.config.kv_slots),

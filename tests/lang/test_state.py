@@ -110,7 +110,7 @@ def test_run_batch_keeps_input_order(runtime, gateway):
 
 
 def test_a_joined_capture_is_a_list_whatever_the_branch_count(runtime, gateway):
-    # the README's run_batch example with one topic: s["note"] must not be a string
+    # docs/programs.md's run_batch example with one topic: s["note"] must not be a string
     states = analyse.run_batch([{"doc": "abc", "topics": ["x"]}, {"doc": "de", "topics": ["x", "y"]}],
                                runtime=runtime, progress=False)
     one, two = (s["note"] for s in states)
