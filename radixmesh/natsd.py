@@ -87,7 +87,9 @@ class NatsServer:
     def config_text(self) -> str:
         """The nats-server config: payload limit, then auth and TLS when asked for."""
         q = json.dumps  # a JSON string is a valid quoted string in the NATS config
-        lines = [f"max_payload: {self.max_payload}"]
+        # NOTE: the server's pings to clients and routes: a host gone silent (no TCP reset)
+        # loses its routes, and with them its subscribers' interest, in seconds, not minutes
+        lines = [f"max_payload: {self.max_payload}", "ping_interval: \"2s\"", "ping_max: 2"]
         if self.server_name:  # NOTE: JetStream in a cluster needs a name per node
             lines.append(f"server_name: {q(self.server_name)}")
         if self.monitor_port:

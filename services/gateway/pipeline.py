@@ -247,7 +247,9 @@ class Pipeline:
                          emitted_chars=gen.emitted_chars)
         wait = {"tokenizer_lost": self.config.tokenizer_wait, "stream_gap": self.config.broker_wait,
                 "broker_unavailable": self.config.broker_wait}.get(code, self.config.resume_wait)
-        deadline = time.monotonic() + (0.0 if exclude else wait)
+        # NOTE: a lost host takes workers, tokenizers and schedulers together: even a resume
+        # that avoids the lost worker retries while the others' loss is noticed
+        deadline = time.monotonic() + (self.config.resume_wait if exclude else wait)
         while True:
             rid = uuid.uuid4().hex
             try:
@@ -255,7 +257,7 @@ class Pipeline:
                     run = await self._launch(rid, gen.request, list(gen.failed_workers), resume)
                 break
             except ServiceError as exc:
-                if exc.status != 503:
+                if exc.status not in (503, 504):  # NOTE: 504: a request to a member not yet known lost
                     raise
                 if time.monotonic() < deadline:
                     await asyncio.sleep(0.25)
