@@ -3,8 +3,10 @@
 Used by ``radixmesh up`` and by the integration tests. Each service runs as its
 own process (``python -m services.<name>``) in its own process group, so a
 terminal's Ctrl-C reaches only the launcher, which stops them in order: the
-services, then the broker. Each process writes ``log_dir/<name>.log``, emptied
-when the stack starts (a restart appends to it).
+services, then the broker. Each process writes ``log_dir/<name>.log`` (a restart
+appends to it); at start the previous run's logs and spans move to ``log_dir/previous/``
+(:mod:`.run_dir`). A fixed port that is taken stops the start before anything runs
+(:mod:`.preflight`).
 
 The processes named in ``StackConfig.supervise`` (by default every service, and
 nats-server when the stack started it) are restarted when they exit, after a
@@ -39,6 +41,8 @@ from libs.transfer.errors import StoreError
 from . import store_up
 from .nats_cluster import NatsCluster
 from .natsd import NatsServer, free_port
+from .preflight import fixed_ports, taken_port
+from .run_dir import start_run
 from .trace import SPANS_FILE, SpanReceiver
 
 
@@ -153,7 +157,10 @@ class LocalStack:
 
     def start(self, timeout: float = 300.0) -> LocalStack:
         cfg = self.config
-        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        # NOTE: before anything starts: a taken port would be a crash loop much later
+        if problem := taken_port(fixed_ports(cfg)):
+            raise StackError(problem)
+        start_run(cfg.log_dir)
         try:
             model_dir = resolve_model(cfg.model, log=self.progress)
             if not self.nats_url:

@@ -17,8 +17,9 @@ def _byte_level_decoder() -> dict[int, str]:
     return table
 
 
-def _piece_decoder(decoder):
-    """A function: vocabulary piece -> its text inside a generation (None: not whole UTF-8 chars)."""
+def piece_bytes(decoder):
+    """A function: vocabulary piece -> its bytes inside a generation (None: a piece of a
+    byte-level vocabulary outside its byte alphabet). ``decoder``: the tokenizers decoder."""
     spec = json.loads(decoder.__getstate__()) if decoder is not None else {"type": None}
     steps = spec["decoders"] if spec["type"] == "Sequence" else [spec]
     byte_level = byte_fallback = False
@@ -37,18 +38,31 @@ def _piece_decoder(decoder):
             raise ValueError(f"token_texts: unsupported tokenizer decoder {kind!r}")
     to_bytes = _byte_level_decoder()
 
-    def decode(piece: str) -> str | None:
+    def raw(piece: str) -> bytes | None:
         if byte_fallback and (m := _BYTE_PIECE.fullmatch(piece)):
-            b = int(m.group(1), 16)
-            return chr(b) if b < 0x80 else None  # a lone byte >= 0x80 is never a whole char
+            return bytes([int(m.group(1), 16)])
         for old, new in replaces:
             piece = piece.replace(old, new)
-        if byte_level:
-            try:
-                piece = piece.translate(to_bytes).encode("latin-1").decode("utf-8")
-            except UnicodeError:
-                return None
-        return piece or None
+        if not byte_level:
+            return piece.encode()
+        try:
+            return piece.translate(to_bytes).encode("latin-1")
+        except UnicodeError:
+            return None
+
+    return raw
+
+
+def _piece_decoder(decoder):
+    """A function: vocabulary piece -> its text inside a generation (None: not whole UTF-8 chars)."""
+    raw = piece_bytes(decoder)
+
+    def decode(piece: str) -> str | None:
+        data = raw(piece)
+        try:
+            return (data.decode("utf-8") or None) if data is not None else None
+        except UnicodeDecodeError:  # NOTE: a lone byte >= 0x80 is never a whole char
+            return None
 
     return decode
 

@@ -5,8 +5,9 @@ residual add), SiLU-mul and RoPE, the v1 decode kept as the benchmarks' baseline
 ``torch.utils.cpp_extension`` (a minute or two on 2 cores); later processes load
 the cached build from a folder keyed by the kernels' sources and headers, their
 flags, the CPU's feature flags (the build targets ``-march=native``) and the torch
-version under ``$RADIXMESH_EXT_DIR`` (default ``~/.cache/radixmesh/torch_extensions``),
-so checkouts and venvs sharing a machine never rebuild each other's kernel (the build
+version and its location under ``$RADIXMESH_EXT_DIR`` (default
+``~/.cache/radixmesh/torch_extensions``), so checkouts and venvs sharing a machine never
+rebuild each other's kernel (the build
 reads a copy of the sources in that folder: checkouts with the same sources share it). One
 process builds or loads a folder at a time (:func:`build_lock`). Without a compiler the ``cpu``
 backend is simply unavailable and the worker falls back to ``torch``.
@@ -49,6 +50,7 @@ def build_key() -> str:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(" ".join(FLAGS + LDFLAGS).encode())  # NOTE: tuples: torch's load appends to the lists it is given
     digest.update(_cpu_flags().encode())
+    digest.update(_torch_paths().encode())
     return f"{digest.hexdigest()[:12]}-torch{torch.__version__.replace('+', '_')}"
 
 
@@ -69,6 +71,16 @@ def copy_sources(directory: Path) -> list[str]:
             shutil.copyfile(path, partial)
             os.replace(partial, target)  # NOTE: atomic: a concurrent build sees the whole file or none
     return [str(src / name) for name in SOURCES]
+
+
+def _torch_paths() -> str:
+    """Where torch and Python's headers are: torch's ninja file names them, so two venvs
+    with the same sources in one folder would rebuild the module at every switch."""
+    import sysconfig
+
+    import torch
+
+    return f"{Path(torch.__file__).parent}\0{sysconfig.get_paths()['include']}"
 
 
 def _cpu_flags() -> str:

@@ -2,11 +2,11 @@
 into the cache folder (``python -m libs.models [model]`` prepares it and prints the path)."""
 
 from .resolve import (
-    DEFAULT_MODEL, DEFAULT_MODEL_NAME, ModelNotFoundError, cache_dir, default_model_dir, resolve_model,
-    served_name,
+    DEFAULT_MODEL, DEFAULT_MODEL_NAME, ModelNotFoundError, cache_dir, default_model_dir, model_path,
+    resolve_model, served_name,
 )
 
 __all__ = [
     "DEFAULT_MODEL", "DEFAULT_MODEL_NAME", "ModelNotFoundError", "cache_dir", "default_model_dir",
-    "resolve_model", "served_name",
+    "model_path", "resolve_model", "served_name",
 ]

@@ -44,6 +44,14 @@ def served_name(model: str) -> str:
     return Path(model).resolve().name
 
 
+def model_path(model: str) -> Path:
+    """Where ``model``'s files are, without preparing them: for a service that reports the
+    model but never loads it (the gateway's /get_model_info)."""
+    if model == DEFAULT_MODEL:
+        return default_model_dir()
+    return Path(model).expanduser().resolve()
+
+
 def resolve_model(model: str = DEFAULT_MODEL, log=None) -> Path:
     """Return a local HF-format directory for ``model``, preparing the default once."""
     if model != DEFAULT_MODEL:

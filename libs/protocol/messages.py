@@ -272,7 +272,9 @@ class Logprobs(Base, array_like=True):
     of prompt + output. ``logprobs[i]`` is log p(token_ids[i] | all before it) under
     the model's raw distribution (no temperature); NaN at position 0, which nothing
     predicts. ``top_ids[i]`` / ``top_logprobs[i]``: the likeliest tokens there.
-    ``tokens`` / ``top_tokens``: their text, filled in by the tokenizer."""
+    ``tokens`` / ``top_tokens``: their text, filled in by the tokenizer; ``token_bytes`` /
+    ``top_bytes``: their bytes, only where some token of the piece is not whole UTF-8
+    characters (its text then shows U+FFFD); empty: each text's UTF-8 is its bytes."""
 
     start: int
     token_ids: list[int]
@@ -281,6 +283,8 @@ class Logprobs(Base, array_like=True):
     top_logprobs: list[list[float]] = []
     tokens: list[str] = []
     top_tokens: list[list[str]] = []
+    token_bytes: list[bytes] = []
+    top_bytes: list[list[bytes]] = []
 
 
 class TokenDelta(Base, array_like=True):

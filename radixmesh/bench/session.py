@@ -49,6 +49,18 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--request-rate must be positive, got {args.request_rate}")
     if args.warmup < 0 or args.threads < 0:
         raise ValueError("--warmup and --threads must not be negative")
+    _check_bench_extra(args)
+
+
+def _check_bench_extra(args: argparse.Namespace) -> None:
+    """Before any system runs: the plots and bars are the bench extra's (not in the image)."""
+    import importlib.util
+
+    wanted = ["tqdm"] + ([] if args.no_plots else ["matplotlib"])
+    missing = [m for m in wanted if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"needs {' and '.join(missing)}: pip install 'radixmesh[bench]'"
+                         + ("" if "tqdm" in missing else " (or --no-plots)"))
 
 
 def _progress(args: argparse.Namespace, name: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from libs.models import DEFAULT_MODEL, served_name
+from libs.models import DEFAULT_MODEL, model_path, served_name
 from libs.protocol import event_loop
 from libs.protocol.env_flags import env_default
 from libs.protocol.service import add_common_args, common_config, run_service, setup_logging
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     pipeline_cfg = PipelineConfig(request_timeout=args.request_timeout, bus_timeout=args.bus_timeout)
     server_cfg = ServerConfig(args.host, args.port)
     body = gateway_body(settings, pipeline_cfg, server_cfg, worker_model=served_name(args.model),
-                        model_path=args.model)
+                        model_path=str(model_path(args.model)))
     event_loop.run(run_service("gateway", config, body))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from libs.protocol import ServiceError, tracing
 
@@ -24,6 +24,7 @@ from .errors import ApiError
 from .formats import OpenAIFormat, choices_usage
 from .generation import Completion, Generation
 from .limits import Deadline
+from .logprobs import LogprobStream
 from .request import GenerationRequest
 from .sse import SSE_DONE, sse_event
 
@@ -92,7 +93,8 @@ async def collect_all(gens: list[Generation]) -> list[Completion]:
 
 
 async def merged_events(gens: list[Generation], fmt: OpenAIFormat, deadline: Deadline,
-                        tools: bool = False) -> AsyncIterator[bytes]:
+                        tools: bool = False,
+                        logprobs: Sequence[LogprobStream | None] = ()) -> AsyncIterator[bytes]:
     """One OpenAI stream of every choice: chunks carry the choice's ``index``, in the
     order their text arrives; usage (if asked) counts the prompt once."""
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
@@ -107,7 +109,8 @@ async def merged_events(gens: list[Generation], fmt: OpenAIFormat, deadline: Dea
         queue.put_nowait((i, None))
 
     tasks = [asyncio.create_task(pump(i, gen)) for i, gen in enumerate(gens)]
-    streams = [ChoiceStream(fmt, i, tools) for i in range(len(gens))]
+    streams = [ChoiceStream(fmt, i, tools, logprobs[i] if logprobs else None)
+               for i in range(len(gens))]
     try:
         if fmt.chat:
             for i in range(len(gens)):
@@ -120,7 +123,7 @@ async def merged_events(gens: list[Generation], fmt: OpenAIFormat, deadline: Dea
             elif isinstance(item, (ServiceError, ApiError)):
                 failed = item
             else:
-                for chunk in streams[i].chunks(item.text, item.finish_reason):
+                for chunk in streams[i].chunks(item.text, item.finish_reason, item.logprobs):
                     yield sse_event(chunk)
         if failed is not None:
             error = ApiError.from_service(failed) if isinstance(failed, ServiceError) else failed

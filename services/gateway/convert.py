@@ -26,8 +26,6 @@ MAX_BATCH_PROMPTS = 64  # prompts of one /v1/completions request
 def chat_request(body: ChatCompletionRequest) -> GenerationRequest:
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    if body.logprobs and body.stream:
-        raise not_supported("logprobs", " with stream")
     if body.max_tokens is not None and body.max_completion_tokens is not None \
             and body.max_tokens != body.max_completion_tokens:
         raise bad_request("max_tokens and max_completion_tokens differ", "max_completion_tokens")
@@ -64,8 +62,6 @@ def completion_requests(body: CompletionRequest) -> list[GenerationRequest]:
         raise not_supported("suffix")
     if body.stream and body.echo:
         raise not_supported("echo", " with stream")
-    if body.stream and body.logprobs is not None:
-        raise not_supported("logprobs", " with stream")
     prompt = body.prompt
     if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
         prompts = [prompt]

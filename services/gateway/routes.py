@@ -22,6 +22,7 @@ from .chat_stream import ChoiceStream
 from .choices import choice_requests, close_all, collect_all, merged_events, open_choices
 from .generation import Completion, Generation
 from .limits import NO_DEADLINE, Deadline, Limits
+from .logprobs import LogprobStream, stream_logprobs
 from .pipeline import GenerationRequest
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingParamsBody
 from .sse import SSE_DONE, ClientGone, SSEResponse, run_until_disconnect, sse_event
@@ -171,7 +172,8 @@ class GenerationRoutes:
             gen = await run_until_disconnect(request.receive, self._submit(req, deadline))
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             fmt = OpenAIFormat(gen.rid, model, chat, include_usage)
-            return sse_response(gen, openai_events(gen, fmt, deadline, bool(req.tool_mode)))
+            lps = stream_logprobs(req, chat, gen.prompt_tokens)
+            return sse_response(gen, openai_events(gen, fmt, deadline, bool(req.tool_mode), lps))
         done = await run_until_disconnect(request.receive, deadline.run(self._complete(req)))
         return json_response(OpenAIFormat(done.rid, model, chat).response(done, req), worker=done.worker)
 
@@ -188,7 +190,8 @@ class GenerationRoutes:
         gens = await run_until_disconnect(request.receive,
                                           deadline.run(open_choices(self._open, reqs, n, base)))
         if body.stream:
-            events = merged_events(gens, fmt, deadline, bool(reqs[0].tool_mode))
+            lps = [stream_logprobs(r, chat, g.prompt_tokens) for r, g in zip(reqs, gens)]
+            events = merged_events(gens, fmt, deadline, bool(reqs[0].tool_mode), lps)
             return SSEResponse(events, on_close=lambda: close_all(gens),
                                headers={WORKER_HEADER: gens[0].worker_id})
         dones = await run_until_disconnect(request.receive, deadline.run(collect_all(gens)))
@@ -242,16 +245,16 @@ _GENERATE_DEFAULT_MAX = SamplingParamsBody().max_new_tokens
 
 
 async def openai_events(gen: Generation, fmt: OpenAIFormat, deadline: Deadline = NO_DEADLINE,
-                        tools: bool = False) -> AsyncIterator[bytes]:
-    """SSE chunks of an OpenAI stream (``tools``: calls parsed out of the text); a
-    failure (or the deadline) becomes an error event."""
-    stream = ChoiceStream(fmt, tools=tools)
+                        tools: bool = False, logprobs: LogprobStream | None = None) -> AsyncIterator[bytes]:
+    """SSE chunks of an OpenAI stream (``tools``: calls parsed out of the text; ``logprobs``:
+    each delta's shown with it); a failure (or the deadline) becomes an error event."""
+    stream = ChoiceStream(fmt, tools=tools, logprobs=logprobs)
     async with gen:
         if fmt.chat:
             yield sse_event(fmt.chunk("", role=True))
         try:
             async for delta in deadline.iterate(gen):
-                for chunk in stream.chunks(delta.text, delta.finish_reason):
+                for chunk in stream.chunks(delta.text, delta.finish_reason, delta.logprobs):
                     yield sse_event(chunk)
         except ServiceError as exc:
             yield sse_event(ApiError.from_service(exc).body())

@@ -50,7 +50,7 @@ class Backend(Protocol):
 class ServerInfo:
     """What /get_model_info and /get_server_info report."""
 
-    model_path: str  # --model as the gateway was given it
+    model_path: str  # the model's directory (the default's in the cache folder)
     config: dict  # the gateway's effective configuration, secrets left out
     workers: Callable[[], Awaitable[list[dict]]] | None = None  # the live workers, when reachable
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
+from libs.grammar.token_texts import piece_bytes
+
 REPLACEMENT = "\ufffd"
 
 
@@ -64,6 +66,7 @@ class Detokenizer:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._hf = tokenizer
         self._special = frozenset(_special_ids(tokenizer, self._backend))
+        self._raw: Any = None  # piece -> bytes, built on first use (False: none)
 
     def step(
         self,
@@ -133,6 +136,24 @@ class Detokenizer:
     def token_texts(self, ids: Sequence[int]) -> list[str]:
         """The text of each token alone (special tokens kept), in one batch decode."""
         return [t or "" for t in self._decode_many([[i] for i in ids], False)]
+
+    def token_bytes(self, ids: Sequence[int], texts: Sequence[str]) -> list[bytes] | None:
+        """The bytes of each token (``texts``: from :meth:`token_texts`); None when every
+        text is whole UTF-8 characters (its encoding is its bytes). A token that is part
+        of a character decodes to U+FFFD: its bytes come from its vocabulary piece."""
+        if not any(REPLACEMENT in t for t in texts):
+            return None
+        return [(self._piece_bytes(i) or t.encode()) if REPLACEMENT in t else t.encode()
+                for i, t in zip(ids, texts)]
+
+    def _piece_bytes(self, token_id: int) -> bytes | None:
+        if self._raw is None:
+            try:
+                self._raw = piece_bytes(self._backend.decoder) if self._backend is not None else False
+            except ValueError:  # NOTE: a decoder without a byte form: the texts' bytes stand
+                self._raw = False
+        piece = self._backend.id_to_token(token_id) if self._raw else None
+        return self._raw(piece) if piece is not None else None
 
     def _decode_many(self, seqs: list[list[int]], skip: bool) -> list[str | None]:
         """Batch decode; on failure decode one by one so one bad sequence costs only itself."""

@@ -160,7 +160,8 @@ class Streams:
         )
 
     def _with_texts(self, lp: Logprobs | None) -> Logprobs | None:
-        """Fill in the text of every token of ``lp`` (one decode call for all of them)."""
+        """Fill in the text of every token of ``lp`` (one decode call for all of them), and
+        the bytes where a token is not whole characters."""
         if lp is None:
             return None
         flat = [t for row in lp.top_ids for t in row]
@@ -168,6 +169,10 @@ class Streams:
         lp.tokens, rest = texts[: len(lp.token_ids)], texts[len(lp.token_ids):]
         ends = list(itertools.accumulate(len(row) for row in lp.top_ids))
         lp.top_tokens = [rest[e - len(row) : e] for e, row in zip(ends, lp.top_ids)]
+        raw = self._detok.token_bytes(lp.token_ids + flat, texts)
+        if raw is not None:  # NOTE: only where a token is part of a character
+            lp.token_bytes, rest_raw = raw[: len(lp.token_ids)], raw[len(lp.token_ids):]
+            lp.top_bytes = [rest_raw[e - len(row) : e] for e, row in zip(ends, lp.top_ids)]
         return lp
 
 

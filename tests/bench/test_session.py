@@ -3,6 +3,8 @@
 import argparse
 import json
 
+import pytest
+
 from radixmesh.bench import session
 from radixmesh.bench.cli import add_arguments
 from radixmesh.bench.record import Record
@@ -76,3 +78,20 @@ def test_ceilings_are_measured_at_the_dtype_auto_resolves_to(tmp_path, monkeypat
         with pytest.raises(Measured) as got:
             session._ceilings(args, tmp_path)
         assert got.value.args[0] == want
+
+
+def test_a_run_without_the_bench_extra_stops_before_any_system(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    ran = []
+    monkeypatch.setattr(session, "_run_system", lambda *a: ran.append(a))
+    args = _args(tmp_path, "radixmesh")
+    args.no_plots = False
+    with pytest.raises(ValueError, match=r"pip install 'radixmesh\[bench\]' \(or --no-plots\)"):
+        session.run_session(args)
+    assert not ran
+    args.no_plots = True  # no plots: matplotlib is not needed
+    session._validate(args)

@@ -13,13 +13,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def test_health_generate_model_and_server_info(stack):
+def test_health_generate_model_and_server_info(stack, model_dir):
     with httpx.Client(base_url=stack.url, timeout=60) as client:
         health = client.get("/health_generate")
         assert health.status_code == 200, health.text
         assert health.json()["completion_tokens"] == 1 and health.json()["worker"]
         model = client.get("/get_model_info").json()
-        assert model["is_generation"] is True and model["model_path"]
+        assert model["is_generation"] is True
+        assert model["model_path"] == model["tokenizer_path"] == str(model_dir)  # not "default"
+        assert client.get("/get_server_info").json()["model_path"] == str(model_dir)
         info = client.get("/get_server_info").json()
         assert info["version"] == client.get("/version").json()["version"]
         assert info["served_model_name"] == MODEL and len(info["workers"]) >= 1

@@ -12,7 +12,7 @@ import torch
 from libs.kernels import cpu_ext
 
 
-def test_build_folder_is_keyed_by_sources_headers_flags_cpu_and_torch(tmp_path, monkeypatch):
+def test_build_folder_is_keyed_by_sources_headers_flags_cpu_and_torch_and_its_place(tmp_path, monkeypatch):
     monkeypatch.setenv("RADIXMESH_EXT_DIR", str(tmp_path / "ext"))
     csrc = tmp_path / "csrc"
     csrc.mkdir()
@@ -31,7 +31,10 @@ def test_build_folder_is_keyed_by_sources_headers_flags_cpu_and_torch(tmp_path, 
     flagged = cpu_ext.build_dir()
     monkeypatch.setattr(cpu_ext, "_cpu_flags", lambda: "flags : fpu sse2")  # another CPU
     other_cpu = cpu_ext.build_dir()
-    assert len({first, edited, header, flagged, other_cpu}) == 5
+    # another venv: torch's ninja file names its headers, so sharing would rebuild at each switch
+    monkeypatch.setattr(cpu_ext, "_torch_paths", lambda: "/other/.venv/site-packages/torch")
+    other_venv = cpu_ext.build_dir()
+    assert len({first, edited, header, flagged, other_cpu, other_venv}) == 6
 
 
 def test_loading_leaves_the_key_as_it_was():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from libs.models import (
-    DEFAULT_MODEL, DEFAULT_MODEL_NAME, ModelNotFoundError, default_model_dir, resolve_model, served_name,
+    DEFAULT_MODEL, DEFAULT_MODEL_NAME, ModelNotFoundError, default_model_dir, model_path, resolve_model,
+    served_name,
 )
 from libs.models.__main__ import main
 
@@ -37,3 +38,11 @@ def test_cli(tmp_path, capsys):
     assert capsys.readouterr().out == f"{tmp_path.resolve()}\n"
     with pytest.raises(SystemExit, match="not an HF model directory"):
         main([str(tmp_path / "missing")])
+
+
+def test_model_path_names_the_directory_without_preparing_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXMESH_CACHE", str(tmp_path / "cache"))
+    assert model_path(DEFAULT_MODEL) == tmp_path / "cache" / "models" / DEFAULT_MODEL_NAME
+    assert not (tmp_path / "cache").exists()  # nothing converted
+    monkeypatch.chdir(tmp_path)
+    assert model_path("models/qwen/") == tmp_path / "models" / "qwen"
