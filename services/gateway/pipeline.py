@@ -257,9 +257,11 @@ class Pipeline:
                     run = await self._launch(rid, gen.request, list(gen.failed_workers), resume)
                 break
             except ServiceError as exc:
-                if exc.status not in (503, 504):  # NOTE: 504: a request to a member not yet known lost
+                if exc.status not in (503, 504):
                     raise
-                if time.monotonic() < deadline:
+                # NOTE: 504: a request went to a member of a queue group not yet known lost;
+                # a 503 with no worker left to avoid the lost one is final at once
+                if time.monotonic() < deadline and (exc.status == 504 or not exclude):
                     await asyncio.sleep(0.25)
                     continue
                 lost = ("its tokenizer was lost" if code == "tokenizer_lost"
