@@ -93,6 +93,9 @@ class ServiceContext:
     stack: AsyncExitStack
     detail: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    # NOTE: this process's own id: a service restarted under the same instance id (compose
+    # names instances by hostname) is told apart from its predecessor by it
+    nonce: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @property
     def subjects(self) -> Subjects:
@@ -122,7 +125,8 @@ async def run_service(service: str, config: CommonConfig, body: Body) -> None:
         async def on_ping(_: Ping) -> Pong:
             return Pong(
                 service=service, instance=config.instance,
-                uptime_s=time.monotonic() - ctx.started, detail={**ctx.detail, **bus.broker()},
+                uptime_s=time.monotonic() - ctx.started,
+                detail={**ctx.detail, **bus.broker(), "nonce": ctx.nonce},
             )
 
         await body(ctx)

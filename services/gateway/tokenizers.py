@@ -4,7 +4,9 @@ Detokenizing is stateful and lives on the instance that encoded the request; whe
 dies its requests' deltas go nowhere, so they would wait out ``request_timeout``.
 The gateway pings every tokenizer about once a second; an instance that answered
 before and then misses ``misses`` probes in a row is gone, and its open requests
-resume through another (or its restarted successor) like those of a lost worker.
+resume through another (or its restarted successor) like those of a lost worker. One that
+answers under a new process nonce was restarted (same instance id, empty stream table): its
+open requests are lost at once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class TokenizerView:
         self.misses = misses
         self._seen: set[str] = set()  # instances that ever answered
         self._missed: dict[str, int] = {}
+        self._nonce: dict[str, str] = {}  # instance -> the process nonce it last answered with
 
     async def gone(self, instances: set[str]) -> set[str]:
         """Ping every tokenizer once; the instances among ``instances`` judged gone.
@@ -32,9 +35,11 @@ class TokenizerView:
         answered = await self._ping_all()
         if answered is None:
             return set()
-        self._seen |= answered
-        out = set()
-        for instance in instances & self._seen:
+        restarted = {i for i, n in answered.items() if self._nonce.get(i, n) != n}
+        self._nonce.update(answered)
+        self._seen |= set(answered)
+        out = restarted & instances
+        for instance in instances & self._seen - out:
             if instance in answered:
                 self._missed.pop(instance, None)
                 continue
@@ -45,15 +50,17 @@ class TokenizerView:
             del self._missed[instance]
         return out
 
-    async def _ping_all(self) -> set[str] | None:
+    async def _ping_all(self) -> dict[str, str] | None:
+        """instance -> process nonce of every tokenizer that answered."""
         nc = self.bus.nc
         if not nc.is_connected:
             return None
-        answered: set[str] = set()
+        answered: dict[str, str] = {}
 
         async def on_reply(msg) -> None:
             try:
-                answered.add(codec.decode(msg.data, Pong).instance)
+                pong = codec.decode(msg.data, Pong)
+                answered[pong.instance] = pong.detail.get("nonce", "")
             except Exception:  # noqa: BLE001 - an error reply or junk is no answer
                 pass
 

@@ -15,9 +15,9 @@ from . import conftest
 from .conftest import GATEWAY, MODEL
 
 
-async def answer_pings(bus, subjects: Subjects, instance: str):
+async def answer_pings(bus, subjects: Subjects, instance: str, nonce: str = ""):
     async def pong(_: Ping) -> Pong:
-        return Pong(service="tokenizer", instance=instance, uptime_s=1.0)
+        return Pong(service="tokenizer", instance=instance, uptime_s=1.0, detail={"nonce": nonce})
 
     sub = await bus.subscribe(subjects.ping("tokenizer"), pong, Ping)
     await bus.nc.flush()
@@ -65,3 +65,16 @@ async def test_only_an_instance_that_answered_and_then_went_silent_is_gone(bus, 
     assert await view.gone({"tok-a"}) == {"tok-a"}  # two in a row
     await answer_pings(bus, subjects, "tok-a")
     assert await view.gone({"tok-a"}) == set()  # back
+
+
+async def test_an_instance_restarted_under_its_id_is_gone_at_once(bus, subject_prefix):
+    """Compose names a tokenizer by its hostname: its successor answers under the same id,
+    with an empty stream table; its process nonce tells it apart."""
+    subjects = Subjects(subject_prefix)
+    view = TokenizerView(bus, subjects, timeout=0.1, misses=3)
+    first = await answer_pings(bus, subjects, "tok-a", nonce="p1")
+    assert await view.gone({"tok-a"}) == set()
+    await first.unsubscribe()
+    await answer_pings(bus, subjects, "tok-a", nonce="p2")
+    assert await view.gone({"tok-a"}) == {"tok-a"}  # no misses needed
+    assert await view.gone({"tok-a"}) == set()  # the successor itself is fine
