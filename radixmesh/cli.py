@@ -39,7 +39,8 @@ def _up(given: argparse.Namespace, own: dict[str, argparse.Action],
         nats_url=os.environ.get("NATS_URL") or None, log_dir=Path(args.log_dir),
         dtype=args.dtype, kv_slots=args.kv_slots, threads_per_worker=args.threads,
         traces=not args.no_traces, nats_port=args.nats_port, nats_host=args.nats_host,
-        nats_cluster=args.nats_cluster,
+        nats_cluster=args.nats_cluster, gateways=args.gateways, tokenizers=args.tokenizers,
+        schedulers=args.schedulers,
         extra=extra, env=env,
     )
     stack = LocalStack(config)
@@ -99,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="port of the nats-server it starts (0: a free one); unused with NATS_URL")
     up.add_argument("--nats-host", default="127.0.0.1",
                     help="where that nats-server listens (0.0.0.0: workers on other hosts can join)")
+    up.add_argument("--gateways", type=int, default=1, metavar="N",
+                    help="gateway processes, all on --port (SO_REUSEPORT: the kernel spreads connections)")
+    up.add_argument("--tokenizers", type=int, default=1, metavar="N", help="tokenizer processes")
+    up.add_argument("--schedulers", type=int, default=1, metavar="N",
+                    help="scheduler processes (each adopts idle workers; workers move to another "
+                         "when one dies)")
     up.add_argument("--nats-cluster", type=int, default=1, metavar="N",
                     help="start a NATS cluster of N nodes instead of one server (every service gets "
                          "all N URLs and fails over among them); ports from --nats-port up if set")

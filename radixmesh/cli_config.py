@@ -46,7 +46,7 @@ COMMON = frozenset({"help", "nats_url", "subject_prefix", "instance", "log_level
                     "nats_tls_ca", "nats_tls_cert", "nats_tls_key"})
 # set by the launcher from `radixmesh up`'s own flags
 LAUNCHER_SET = {
-    "tokenizer": {"model"}, "gateway": {"model", "host", "port"},
+    "tokenizer": {"model"}, "gateway": {"model", "host", "port", "reuse_port"},
     "gpu_worker": {"model", "dtype", "kv_slots", "threads", "worker_id", "announce_interval", "role"},
 }
 ENV_PREFIX = "RADIXMESH_"

@@ -85,6 +85,9 @@ class StackConfig:
     nats_port: int = 0  # the port of the nats-server the stack starts (0: a free one)
     nats_host: str = "127.0.0.1"  # where that nats-server listens
     nats_cluster: int = 1  # nodes of the NATS cluster the stack starts (1: a single server)
+    gateways: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
+    tokenizers: int = 1  # tokenizer processes (one queue group)
+    schedulers: int = 1  # scheduler processes (each adopts idle workers)
     subject_prefix: str = "rm"
     log_dir: Path = Path("logs")
     dtype: str = "auto"  # the worker picks: bfloat16 on CUDA and AMX / AVX512-BF16 CPUs, else float32
@@ -227,9 +230,12 @@ class LocalStack:
         roles = ["both"] * cfg.workers + ["prefill"] * cfg.prefill_workers + ["decode"] * cfg.decode_workers
         threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // max(1, len(roles)))
         self._spawn("cache_index", [])
-        self._spawn("tokenizer", ["--model", model])
-        # NOTE: a fixed instance id: a restarted scheduler re-adopts its workers at once
-        self._spawn("scheduler", ["--instance", f"scheduler-{uuid.uuid4().hex[:8]}"])
+        for i in range(max(1, cfg.tokenizers)):
+            self._spawn("tokenizer", ["--model", model], log_name=_nth("tokenizer", i))
+        for i in range(max(1, cfg.schedulers)):
+            # NOTE: a fixed instance id: a restarted scheduler re-adopts its workers at once
+            self._spawn("scheduler", ["--instance", f"scheduler-{uuid.uuid4().hex[:8]}"],
+                        log_name=_nth("scheduler", i))
         for i, role in enumerate(roles):
             self._spawn("gpu_worker", [
                 "--model", model, "--dtype", cfg.dtype, "--kv-slots", str(cfg.kv_slots),
@@ -238,7 +244,10 @@ class LocalStack:
                 "--announce-interval", str(WORKER_ANNOUNCE_S),
                 *(["--role", role] if role != "both" else []), *self._store_args,
             ], log_name=f"gpu_worker-{i}")
-        self._spawn("gateway", ["--model", model, "--host", cfg.host, "--port", str(cfg.port)])
+        shared = ["--reuse-port"] if cfg.gateways > 1 else []
+        for i in range(max(1, cfg.gateways)):
+            self._spawn("gateway", ["--model", model, "--host", cfg.host, "--port", str(cfg.port), *shared],
+                        log_name=_nth("gateway", i))
 
     def _spawn(self, service: str, args: list[str], log_name: str | None = None) -> None:
         cfg = self.config
@@ -492,6 +501,11 @@ def _json(data: bytes) -> dict:
         return value if isinstance(value, dict) else {}
     except ValueError:
         return {}
+
+
+def _nth(service: str, i: int) -> str:
+    """The log and process name of a service's i-th process: the first keeps the plain name."""
+    return service if i == 0 else f"{service}-{i}"
 
 
 def ephemeral_stack_config(log_dir: Path, **overrides) -> StackConfig:

@@ -96,6 +96,7 @@ class ServiceContext:
     # NOTE: this process's own id: a service restarted under the same instance id (compose
     # names instances by hostname) is told apart from its predecessor by it
     nonce: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    probes: dict[str, Callable[[], str]] = field(default_factory=dict)  # detail read at each ping
 
     @property
     def subjects(self) -> Subjects:
@@ -126,7 +127,8 @@ async def run_service(service: str, config: CommonConfig, body: Body) -> None:
             return Pong(
                 service=service, instance=config.instance,
                 uptime_s=time.monotonic() - ctx.started,
-                detail={**ctx.detail, **bus.broker(), "nonce": ctx.nonce},
+                detail={**ctx.detail, **{k: probe() for k, probe in ctx.probes.items()},
+                        **bus.broker(), "nonce": ctx.nonce},
             )
 
         await body(ctx)

@@ -62,6 +62,7 @@ class Pipeline:
         self._queues: dict[str, asyncio.Queue[TextDelta]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._live: set[Generation] = set()  # open generations, for the watchdog
+        self.submitted = 0  # requests accepted since start
         self._watchdog: asyncio.Task | None = None
         self._tokenizer_watch: asyncio.Task | None = None
         self.tokenizers: TokenizerView | None = None
@@ -185,6 +186,7 @@ class Pipeline:
         gen.detok_instance, gen.session = run.detok_instance, run.session
         gen.enable_retry(req, self._resubmit)
         self._live.add(gen)
+        self.submitted += 1
         return gen
 
     def abort(self, rid: str) -> bool:

@@ -29,6 +29,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     graceful_shutdown_s: float = 5.0
+    reuse_port: bool = False  # several gateway processes share the port (the kernel spreads connections)
 
 
 class _Server(uvicorn.Server):
@@ -39,11 +40,14 @@ class _Server(uvicorn.Server):
         yield
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """Bind before serving so a busy port is a clear error, and port 0 works."""
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """Bind before serving so a busy port is a clear error, and port 0 works. ``reuse_port``:
+    other processes that ask for it too may bind the same port (SO_REUSEPORT)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
@@ -55,7 +59,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 async def serve_http(ctx: ServiceContext, app, server_cfg: ServerConfig, log_level: str) -> str:
     """Start uvicorn as a task of this loop; stopping ``ctx`` stops it. Returns the URL."""
-    sock = bind(server_cfg.host, server_cfg.port)
+    sock = bind(server_cfg.host, server_cfg.port, server_cfg.reuse_port)
     config = uvicorn.Config(
         app, lifespan="off", log_config=None, log_level=log_level.lower(), access_log=False,
         timeout_graceful_shutdown=server_cfg.graceful_shutdown_s,
@@ -105,6 +109,7 @@ def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server
                          admin.flush, MetricsPage(registry, cluster), info)
         url = await serve_http(ctx, app, server_cfg, ctx.config.log_level)
         ctx.detail.update(url=url, model=settings.served_model_name)
+        ctx.probes["requests"] = lambda: str(pipeline.submitted)
         log.info("gateway listening on %s (model %s)", url, settings.served_model_name)
 
     return body

@@ -63,6 +63,7 @@ class TokenizerService:
         idle_timeout: float = 600.0, encode_threads: int = 1, max_streams: int = 65536,
     ) -> None:
         self.max_streams = max_streams  # open detok streams: past this, encodes get 503
+        self.encoded = 0  # encode requests taken since start
         self.ctx = ctx
         self.encoder = encoder
         self.model_name = model_name
@@ -84,12 +85,14 @@ class TokenizerService:
         sweeper = asyncio.create_task(self._sweep_loop(), name="detok-sweep")
         self.ctx.stack.callback(sweeper.cancel)
         self.ctx.detail["model"] = self.model_name
+        self.ctx.probes["encoded"] = lambda: str(self.encoded)
         self._report()
 
     async def _on_encode(self, req: EncodeRequest) -> EncodeReply:
         if len(self.streams) >= self.max_streams and req.rid not in self.streams:
             raise errors.overloaded(f"tokenizer {self.ctx.config.instance} holds "
                                     f"{len(self.streams)} open requests; retry later")
+        self.encoded += 1
         with _tracer.start_as_current_span("tokenizer.encode") as span:
             enc = await self.pool.encode(req)
             if span.is_recording():

@@ -62,7 +62,7 @@ def test_every_service_option_is_reachable_from_radixmesh_up():
             if action.dest in COMMON or not action.option_strings or action.help == "==SUPPRESS==":
                 continue
             if action.dest in LAUNCHER_SET.get(service, ()):
-                assert action.dest in UP_OWN | {"worker_id", "announce_interval", "role"}, (service, action.dest)
+                assert action.dest in UP_OWN | {"worker_id", "announce_interval", "role", "reuse_port"}, (service, action.dest)
             else:
                 assert (service, action.dest) in by_service, (service, action.dest)
 
