@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ModelConfig
-from .weights import can_pack, linear, pack
+from .models.config import ModelConfig
+from .models.weights import can_pack, linear, pack
 
 BATCH = 64  # the decode-batch shape the matmul is measured at
 COPY_MIB = 128  # src + dst: 256 MiB, past the last-level cache

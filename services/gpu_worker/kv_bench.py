@@ -28,9 +28,9 @@ from libs.transfer import DTYPES, export_slots, import_slots
 from libs.transfer.mooncake import unavailable
 from libs.transfer.store_bench import jetstream_server
 
-from .kv_copy import KVCopier
-from .kv_service import start_kv_paths
-from .kv_transfer import KVTransferConfig
+from .kv.copy import KVCopier
+from .kv.service import start_kv_paths
+from .kv.transfer import KVTransferConfig
 from .service import WorkerService
 
 PATHS = ("shm", "nats", "mooncake")

@@ -27,7 +27,7 @@ import torch
 
 from libs.models import resolve_model
 
-from . import model as model_module
+from .models import model as model_module
 from .bench import bench_decode, bench_prefill
 from .model_runner import ModelRunner, RunnerConfig
 

@@ -8,7 +8,7 @@ import pytest
 
 from services.gpu_worker.bench import label, main, parse_system
 
-from .test_llama_model import SMALL, _save_random
+from .models.test_llama_model import SMALL, _save_random
 
 
 def test_attention_backend_and_knobs_are_optional():

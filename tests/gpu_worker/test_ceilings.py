@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from services.gpu_worker import ceilings
-from services.gpu_worker.config import ModelConfig
+from services.gpu_worker.models.config import ModelConfig
 
-from .test_llama_model import SMALL
+from .models.test_llama_model import SMALL
 
 
 def _config(tmp_path) -> ModelConfig:
