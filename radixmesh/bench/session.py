@@ -133,7 +133,7 @@ def _ceilings(args: argparse.Namespace, model_dir: Path) -> dict:
     and threads; {"line": why not} for a model the workers cannot load."""
     import torch
 
-    from services.gpu_worker import ceilings
+    from radixmesh.benchmarks import ceilings
     from services.gpu_worker.models.config import ModelConfig
 
     try:

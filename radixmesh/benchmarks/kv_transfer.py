@@ -1,4 +1,4 @@
-"""``python -m services.gpu_worker.kv_bench``: one prompt's KV (default 1,500 tokens of the
+"""``python -m radixmesh.benchmarks.kv_transfer``: one prompt's KV (default 1,500 tokens of the
 default model's layout: 30 layers, 3 KV heads x 64 dims) moved worker to worker by shared
 memory, by NATS chunks and (when the engine imports) by the Mooncake Transfer Engine over
 TCP, side by side: the sending worker in this process, the receiving one in a child
@@ -26,18 +26,18 @@ from libs.protocol import Bus, Subjects
 from libs.protocol.messages import KVDrop, KVSend, KVSendReply
 from libs.transfer import DTYPES, export_slots, import_slots
 from libs.transfer.mooncake import unavailable
-from libs.transfer.store_bench import jetstream_server
+from services.gpu_worker.kv.copy import KVCopier
+from services.gpu_worker.kv.service import start_kv_paths
+from services.gpu_worker.kv.transfer import KVTransferConfig
+from services.gpu_worker.service import WorkerService
 
-from .kv.copy import KVCopier
-from .kv.service import start_kv_paths
-from .kv.transfer import KVTransferConfig
-from .service import WorkerService
+from .page_store import jetstream_server
 
 PATHS = ("shm", "nats", "mooncake")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m services.gpu_worker.kv_bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m radixmesh.benchmarks.kv_transfer", description=__doc__)
     p.add_argument("--tokens", type=int, default=1500)
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--layers", type=int, default=30)
@@ -80,14 +80,14 @@ async def measure(args: argparse.Namespace, url: str, dtype: str) -> dict[str, t
     """Seconds per KVSend by path, with the bytes and chunks of one transfer."""
     prefix = "kvb" + uuid.uuid4().hex[:8]
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.gpu_worker.kv_bench", "--receive", f"{prefix}:{dtype}", "--nats-url", url,
+        sys.executable, "-m", "radixmesh.benchmarks.kv_transfer", "--receive", f"{prefix}:{dtype}", "--nats-url", url,
         "--layers", str(args.layers), "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim),
         "--slots", str(args.slots), "--paths", args.paths, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE)
     bus = await Bus.connect(url, "kv-bench-send")
     try:
         if (await asyncio.wait_for(child.stdout.readline(), 120)).strip() != b"ready":
-            raise SystemExit("kv_bench: the receiving process did not start")
+            raise SystemExit("kv_transfer: the receiving process did not start")
         subjects, paths = Subjects(prefix), args.paths.split(",")
         for path in paths:
             config = KVTransferConfig(mode=path, in_flight=args.in_flight, mooncake_host="127.0.0.1")
@@ -101,7 +101,7 @@ async def measure(args: argparse.Namespace, url: str, dtype: str) -> dict[str, t
                 msg = KVSend(transfer_id=tid, slots=slots, dest_worker="recv", dest_host="", deadline_s=30)
                 reply = await bus.request(subjects.worker_kv_send(f"send-{path}"), msg, KVSendReply, timeout=60)
                 if not reply.ok or reply.path != path:
-                    raise SystemExit(f"kv_bench: {path} transfer failed: {reply.error or reply.path}")
+                    raise SystemExit(f"kv_transfer: {path} transfer failed: {reply.error or reply.path}")
                 await bus.publish(subjects.worker_kv_drop("recv"), KVDrop(transfer_ids=[tid]))
                 if round_:
                     times[path].append(reply.seconds)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     paths = args.paths.split(",")
     if not set(paths) <= set(PATHS):
-        raise SystemExit(f"kv_bench: --paths takes {', '.join(PATHS)}, not {args.paths!r}")
+        raise SystemExit(f"kv_transfer: --paths takes {', '.join(PATHS)}, not {args.paths!r}")
     if "mooncake" in paths and unavailable():
         print(f"(mooncake left out: {unavailable()})\n")
         args.paths = ",".join(p for p in paths if p != "mooncake")

@@ -1,16 +1,16 @@
-"""The KV transfer bench end to end on a tiny layout: two processes, every path (Mooncake's
+"""The KV transfer benchmark end to end on a tiny layout: two processes, every path (Mooncake's
 where its engine imports), one row each."""
 
 from __future__ import annotations
 
 from libs.transfer import HEADER_BYTES
 from libs.transfer.mooncake import unavailable
-from services.gpu_worker import kv_bench
+from radixmesh.benchmarks import kv_transfer
 
 
-def test_kv_bench_moves_every_path_between_two_processes(capsys):
-    kv_bench.main(["--tokens", "40", "--layers", "2", "--kv-heads", "1", "--head-dim", "8", "--slots", "128",
-                   "--repeat", "1", "--dtypes", "float32"])
+def test_kv_transfer_moves_every_path_between_two_processes(capsys):
+    kv_transfer.main(["--tokens", "40", "--layers", "2", "--kv-heads", "1", "--head-dim", "8", "--slots", "128",
+                      "--repeat", "1", "--dtypes", "float32"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| float32") and "memcpy" not in line]
     assert [r.split("|")[2].strip() for r in rows] == ["shm", "nats"] + ([] if unavailable() else ["mooncake"])
     for row in rows:

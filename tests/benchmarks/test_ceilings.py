@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker import ceilings
+from radixmesh.benchmarks import ceilings
 from services.gpu_worker.models.config import ModelConfig
 
-from .models.test_llama_model import SMALL
+from ..gpu_worker.models.test_llama_model import SMALL
 
 
 def _config(tmp_path) -> ModelConfig:

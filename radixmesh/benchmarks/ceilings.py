@@ -1,7 +1,7 @@
 """What this machine allows, measured now: a matmul at the model's shapes, a memory copy.
 
 One measurement for every benchmark that prints its distance to the limit
-(``python -m services.gpu_worker.bench``, ``radixmesh bench``): the best of a few
+(``python -m radixmesh.benchmarks.worker_step``, ``radixmesh bench``): the best of a few
 runs (a ceiling: the least disturbed one), at the caller's thread count.
 
 - matmul: a decode batch of ``batch`` rows through the model's largest per-layer
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .models.config import ModelConfig
-from .models.weights import can_pack, linear, pack
+from services.gpu_worker.models.config import ModelConfig
+from services.gpu_worker.models.weights import can_pack, linear, pack
 
 BATCH = 64  # the decode-batch shape the matmul is measured at
 COPY_MIB = 128  # src + dst: 256 MiB, past the last-level cache

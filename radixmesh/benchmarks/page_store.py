@@ -1,4 +1,4 @@
-"""``python -m libs.transfer.store_bench``: the shared page store (JetStream KV; ``--backend
+"""``python -m radixmesh.benchmarks.page_store``: the shared page store (JetStream KV; ``--backend
 mooncake`` or ``both``: Mooncake Store too) for one prefix
 of the default model's layout (SmolLM2-135M: 30 layers, 3 KV heads x 64 dims) in 16-token
 pages: put, exists, get by direct get and by nats-py's default get, and a fetch into a host
@@ -22,14 +22,17 @@ from pathlib import Path
 
 import torch
 
-from .host_pool import HostKVPool
-from .jetstream_store import JetStreamStore
-from .layout import DTYPES, KVLayout
-from .store import PageSpec, page_keys, page_values
+from libs.models import resolve_model
+from libs.protocol.messages import ForwardBatch, NewRow
+from libs.transfer.host_pool import HostKVPool
+from libs.transfer.jetstream_store import JetStreamStore
+from libs.transfer.layout import DTYPES, KVLayout
+from libs.transfer.store import PageSpec, page_keys, page_values
+from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m libs.transfer.store_bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m radixmesh.benchmarks.page_store", description=__doc__)
     p.add_argument("--tokens", type=int, default=1500, help="prefix length (whole pages of it are moved)")
     p.add_argument("--page-tokens", type=int, default=16)
     p.add_argument("--layers", type=int, default=30)
@@ -139,8 +142,8 @@ async def measure(args: argparse.Namespace, url: str) -> list[tuple[str, list[fl
 
 async def measure_mooncake(args: argparse.Namespace) -> list[tuple[str, list[float]]]:
     """The same pages through Mooncake Store: a mooncake_master of its own, one client."""
-    from .mooncake_master import MooncakeMaster
-    from .mooncake_store import MooncakeConfig, MooncakeStore
+    from libs.transfer.mooncake_master import MooncakeMaster
+    from libs.transfer.mooncake_store import MooncakeConfig, MooncakeStore
 
     layout = KVLayout(args.layers, args.kv_heads, args.head_dim, args.dtype)
     spec = PageSpec(layout, args.page_tokens)
@@ -174,12 +177,7 @@ async def measure_mooncake(args: argparse.Namespace) -> list[tuple[str, list[flo
 
 
 def recompute_times(args: argparse.Namespace, tokens: int) -> list[float]:
-    """Seconds the default model's runner takes to prefill ``tokens`` tokens.
-    NOTE: imported here, only for this comparison: the library does not need the model."""
-    from libs.models import resolve_model
-    from libs.protocol.messages import ForwardBatch, NewRow
-    from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
-
+    """Seconds the default model's runner takes to prefill ``tokens`` tokens."""
     runner = ModelRunner(RunnerConfig(model=str(resolve_model()), dtype=args.dtype, kv_slots=tokens + 16,
                                       max_requests=1))
     ids = torch.randint(100, 10000, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from services.gpu_worker.bench import label, main, parse_system
+from radixmesh.benchmarks.worker_step import label, main, parse_system
 
-from .models.test_llama_model import SMALL, _save_random
+from ..gpu_worker.models.test_llama_model import SMALL, _save_random
 
 
 def test_attention_backend_and_knobs_are_optional():

@@ -1,4 +1,4 @@
-"""Decode throughput of ModelRunner, systems side by side: ``python -m services.gpu_worker.bench``.
+"""Decode throughput of ModelRunner, systems side by side: ``python -m radixmesh.benchmarks.worker_step``.
 
 Each request starts with a ``--context``-token KV already in place (the table
 rows are filled directly: KV content does not change the cost), then every
@@ -13,9 +13,9 @@ SiLU-mul) in torch instead of the backend's own (the C++ ones of ``cpu``), ``fp3
 sends the ``cpu`` backend's extend rows to torch's SDPA (what it did on CPUs without AMX
 before its AVX512-BF16 extend); ``cpp-ops`` has a compiled step's pieces call the C++ ops
 (custom ops) instead of inductor's fused loops; ``onednn`` / ``tiles`` / ``hybrid`` (tiles+onednn)
-pick the linears' kernel (tiles under fp32: bf16 weights, AVX2) (weights.linear_kernel; default: the machine's choice);
+pick the linears' kernel (tiles under fp32: bf16 weights, AVX2) (the worker's models.weights.linear_kernel; default: the machine's choice);
 ``kv-bf16`` / ``kv-fp32`` the KV pool's dtype (default: the runner's auto); ``py-layers``
-runs decode steps' layers from Python even where the C++ layer loop fits (layer_loop.py); by default
+runs decode steps' layers from Python even where the C++ layer loop fits (models/layer_loop.py); by default
 fp32 and bf16, eager and compiled, at ``--threads``. ``--prefill N`` adds a row: one N-token prefill chunk, tokens/s. The
 systems take turns batch by batch, round after round, and the table reports medians:
 this machine is noisy (shared, the second vCPU sometimes delivers little), so only
@@ -34,9 +34,9 @@ import torch
 from libs.kernels import ops as torch_ops
 from libs.models import resolve_model
 from libs.protocol.messages import ForwardBatch, NewRow
+from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
 
 from . import ceilings
-from .model_runner import ModelRunner, RunnerConfig
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 KV_KNOBS = {"kv-bf16": "bfloat16", "kv-fp32": "float32"}

@@ -1,7 +1,7 @@
-"""Where a step's time goes: ``python -m services.gpu_worker.profile_step``.
+"""Where a step's time goes: ``python -m radixmesh.benchmarks.profile_step``.
 
-    python -m services.gpu_worker.profile_step [--dtype bfloat16] [--batches 1,8,32,64]
-                                               [--prefill 512] [--threads 1] [--aten 8]
+    python -m radixmesh.benchmarks.profile_step [--dtype bfloat16] [--batches 1,8,32,64]
+                                                [--prefill 512] [--threads 1] [--aten 8]
 
 Runs the real model in-process (ModelRunner, eager) on decode steps at each batch
 (``--context`` cached tokens per request) and on one prefill chunk, with a timer
@@ -11,7 +11,7 @@ cos/sin lookup included), SiLU-mul, the sampler. Times are exclusive (a call's
 nested timed calls are not counted twice); what is left of the model's forward
 (residual adds, embedding, views, the Python between ops) is "model other",
 what is left of the runner's step (batch parsing, slot table) "runner other". The decode
-steps run the model's Python loop (the C++ layer loop, layer_loop.py, hides its calls from
+steps run the model's Python loop (the C++ layer loop, models/layer_loop.py, hides its calls from
 the timers); the last column is the step with that loop, timed after the others.
 ``--aten N`` adds torch.profiler's top N ops by self time for the largest batch.
 """
@@ -26,10 +26,10 @@ from collections import defaultdict
 import torch
 
 from libs.models import resolve_model
+from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
+from services.gpu_worker.models import model as model_module
 
-from .models import model as model_module
-from .bench import bench_decode, bench_prefill
-from .model_runner import ModelRunner, RunnerConfig
+from .worker_step import bench_decode, bench_prefill
 
 ORDER = ("matmul", "attention", "attn prepare", "rmsnorm", "add+rmsnorm", "rope", "silu_mul", "sampling",
          "model other", "runner other")
