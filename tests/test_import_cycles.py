@@ -1,5 +1,6 @@
 """No import cycles in the project: every import counts, also those under ``if TYPE_CHECKING:``
 and inside functions (a cycle hidden that way is still one class split across two modules).
+And libs/ stays below the services: no library imports from services/ or radixmesh/.
 
 The graph is read from the source with ``ast`` (nothing is imported): one node per module under
 libs/, services/ and radixmesh/, one edge per import of another project module. ``from pkg import
@@ -131,6 +132,12 @@ def _cycle_in(scc: set[str], adj: dict[str, list[str]]) -> list[str]:
     raise AssertionError(f"no cycle in component {sorted(scc)}")
 
 
+def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each import of a libs/ module from services/ or radixmesh/, as ``module -> target (line n)``."""
+    return [f"{mod} -> {target} (line {line})" for mod, edges in sorted(graph.items()) if mod.split(".")[0] == "libs"
+            for target, line in sorted(edges.items()) if target.split(".")[0] != "libs"]
+
+
 def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
     return "\n    ".join(f"{a} -> {b} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:]))
 
@@ -141,6 +148,18 @@ def test_no_import_cycles():
     found = cycles(graph)
     assert not found, "import cycles (break them: move the shared type down, or pass a narrower protocol):\n  " + \
         "\n  ".join(f"{' -> '.join(c)}\n    {describe(c, graph)}" for c in found)
+
+
+def test_libraries_import_no_service():
+    found = upward_imports(import_graph(ROOT))
+    assert not found, "libs/ imports from above it (move the code into the service, or the shared part " \
+        "down into libs/):\n  " + "\n  ".join(found)
+
+
+def test_finds_a_library_importing_a_service():
+    graph = {"libs.a": {"libs.b": 1, "services.w.x": 4}, "libs.b": {}, "services.w.x": {"libs.a": 2},
+             "radixmesh.cli": {"services.w.x": 1}}
+    assert upward_imports(graph) == ["libs.a -> services.w.x (line 4)"]
 
 
 def test_finds_guarded_local_and_relative_cycles(tmp_path):

@@ -8,7 +8,7 @@ pairs (int32: elements ``2k`` and ``2k + 1`` of a row in its low and high half),
 the kernel that runs them reads: 64 columns for the dot instruction (4 registers of 16
 pairs), 16 for the fp32 kernel (two registers' worth of columns, so each of its calls reads
 one contiguous stream); ``linear`` then streams each tile once per call whatever the batch. Where oneDNN has AMX its own packed matmul is faster for large batches
-and stays in use (``services/gpu_worker/weights.py`` decides).
+and stays in use (``services/gpu_worker/models/weights.py`` decides).
 """
 
 from __future__ import annotations

@@ -145,14 +145,14 @@ def _ceilings(args: argparse.Namespace, model_dir: Path) -> dict:
     and threads; {"line": why not} for a model the workers cannot load."""
     import torch
 
-    from services.gpu_worker import ceilings
-    from services.gpu_worker.config import ModelConfig
+    from radixmesh.benchmarks import ceilings
+    from services.gpu_worker.models.config import ModelConfig
 
     try:
         config = ModelConfig.from_dir(model_dir)
     except (ValueError, OSError, KeyError) as exc:
         return {"line": f"ceilings not measured: {exc}"}
-    from services.gpu_worker.precision import DTYPES, resolve_dtype
+    from services.gpu_worker.models.precision import DTYPES, resolve_dtype
 
     dtype = DTYPES[resolve_dtype(args.dtype, "cpu").name]
     got = ceilings.measure(config, dtype, args.threads or os.cpu_count() or 1)

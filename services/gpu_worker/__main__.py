@@ -19,15 +19,15 @@ from libs.protocol.service import ServiceContext, add_common_args, common_config
 from libs.protocol.subjects import check_token
 from libs.transfer.mooncake import MooncakeUnavailable, unavailable
 
-from .compiled import DEFAULT_SIZES
 from .compute import ComputeThread
+from .kv.service import serve_kv_transfer
+from .kv.store_service import STORE_KINDS, StoreConfig, open_data_bus, serve_store
+from .kv.transfer import ROLES, TRANSFER_MODES, KVTransferConfig
 from .model_runner import ModelRunner, RunnerConfig
-from .precision import DTYPE_CHOICES
-from .kv_service import serve_kv_transfer
-from .kv_transfer import ROLES, TRANSFER_MODES, KVTransferConfig
+from .models.compiled import DEFAULT_SIZES
+from .models.precision import DTYPE_CHOICES
+from .models.weights import LINEAR_KERNELS
 from .service import WorkerService
-from .weights import LINEAR_KERNELS
-from .store_service import STORE_KINDS, StoreConfig, open_data_bus, serve_store
 
 SERVICE = "gpu_worker"
 

@@ -10,7 +10,7 @@ from libs.protocol.errors import invalid_request
 from libs.protocol.limits import MAX_TOP_LOGPROBS
 from libs.protocol.messages import ForwardBatch, NewRow
 
-from .penalties import check_extras
+from .sampling.penalties import check_extras
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from libs.protocol.errors import invalid_request
 from libs.protocol.messages import ForwardBatch
 
 from .batch import Limits, LogprobPlan, StepArrays, parse_batch, parse_logprobs
-from .compiled import DEFAULT_SIZES, CompiledStep
-from .constraints import Constraints
-from .kv_copy import KVCopier
-from .model import LlamaModel
-from .penalties import Penalties
-from .precision import DTYPES, resolve_dtype, resolve_kv_dtype
-from .sampler import Sampler, token_logprobs
+from .kv.copy import KVCopier
+from .models.compiled import DEFAULT_SIZES, CompiledStep
+from .models.model import LlamaModel
+from .models.precision import DTYPES, resolve_dtype, resolve_kv_dtype
+from .sampling.constraints import Constraints
+from .sampling.penalties import Penalties
+from .sampling.sampler import Sampler, token_logprobs
 from .threads import ThreadChooser
 
 

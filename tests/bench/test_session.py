@@ -62,7 +62,8 @@ def test_ceilings_are_measured_at_the_dtype_auto_resolves_to(tmp_path, monkeypat
     import pytest
     import torch
 
-    from services.gpu_worker import ceilings, config, precision
+    from radixmesh.benchmarks import ceilings
+    from services.gpu_worker.models import config, precision
 
     class Measured(Exception):
         pass

@@ -33,7 +33,7 @@ BOTH = pytest.mark.parametrize("make", [cpu_backend, cpu_loops], ids=["default",
 
 
 def test_extend_goes_to_cpp_where_bf16_products_are_native():
-    from services.gpu_worker.precision import cpu_flags
+    from services.gpu_worker.models.precision import cpu_flags
 
     kernel = get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16))._kernel
     native = bool(kernel.amx_bf16()) or "avx512_bf16" in cpu_flags()  # NOTE: the build targets this CPU

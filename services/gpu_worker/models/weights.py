@@ -1,0 +1,228 @@
+"""Load an HF checkpoint's safetensors into fused per-layer tensors."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from libs.kernels import gemm
+
+from .. import memory
+from .config import ModelConfig
+from .precision import cpu_flags
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor  # [hidden, heads * head_dim]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * inter, hidden]: gate rows first
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor  # [hidden, inter]
+    down_bias: torch.Tensor | None
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
+
+
+class _Reader:
+    """Tensors by name across every *.safetensors file of a directory."""
+
+    def __init__(self, path: Path, dtype: torch.dtype, device) -> None:
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{path}: no *.safetensors files")
+        self._where: dict[str, Path] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                self._where.update({name: file for name in f.keys()})
+        self._dtype, self._device = dtype, device
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise KeyError(f"checkpoint has no tensor {name}")
+        with safe_open(str(self._where[name]), framework="pt") as f:
+            return f.get_tensor(name).to(device=self._device, dtype=self._dtype)
+
+    def maybe(self, name: str) -> torch.Tensor | None:
+        return self.get(name) if self.has(name) else None
+
+
+def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu") -> ModelWeights:
+    r = _Reader(path, dtype, device)
+    embed = r.get("model.embed_tokens.weight")
+    layers = [_load_layer(r, f"model.layers.{i}.") for i in range(cfg.num_layers)]
+    tied = cfg.tie_word_embeddings or not r.has("lm_head.weight")
+    lm_head = embed if tied else r.get("lm_head.weight")
+    return ModelWeights(embed, layers, r.get("model.norm.weight"), lm_head)
+
+
+def _load_layer(r: _Reader, p: str) -> LayerWeights:
+    attn, mlp = p + "self_attn.", p + "mlp."
+    return LayerWeights(
+        input_norm=r.get(p + "input_layernorm.weight"),
+        qkv=_cat(r, [attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"]),
+        qkv_bias=_cat(r, [attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"]),
+        o_proj=r.get(attn + "o_proj.weight"),
+        o_bias=r.maybe(attn + "o_proj.bias"),
+        post_norm=r.get(p + "post_attention_layernorm.weight"),
+        gate_up=_cat(r, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
+        gate_up_bias=_cat(r, [mlp + "gate_proj.bias", mlp + "up_proj.bias"]),
+        down=r.get(mlp + "down_proj.weight"),
+        down_bias=r.maybe(mlp + "down_proj.bias"),
+    )
+
+
+def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
+    """Concatenate along the output dim; None when the first (a bias) is absent."""
+    if not r.has(names[0]):
+        return None
+    return torch.cat([r.get(name) for name in names], dim=0).contiguous()
+
+
+# -- packed weights: linears on a layout made for the kernel that runs them ----------------
+#
+# torch's plain bf16 F.linear on the CPU re-lays the weight out for oneDNN on every call, and
+# its plain fp32 one goes to MKL, whose small-batch sgemm streams a weight at a third of the
+# memory rate oneDNN's blocked one does (AVX2 EPYC: batch-8 LM head 20-26 ms vs 6.3).
+# Two packed forms, chosen once per model (``linear_kernel``):
+#   onednn: oneDNN's blocked layout, bf16 or fp32 (where it has AMX, its large-batch bf16
+#           matmuls win);
+#   tiles:  libs.kernels.gemm, bf16 weights: under bf16 on AVX512-BF16's dot instruction
+#           (CPUs without AMX): batch-1 decode at about the cores' memory bandwidth, 1.6-1.9x
+#           oneDNN's gemv there, and level with it at prefill sizes; under fp32 on AVX2 (dtype
+#           auto's pick there), widened in registers: half the bytes of an fp32 weight read.
+#   tiles+onednn: fp32 on AVX2 (auto's pick there where the memory allows): both forms of
+#           the same bf16-rounded weights, the tiles for steps of fewer than HYBRID_ROWS rows
+#           (decode batches, where reading half the bytes wins), oneDNN's fp32 matmul from
+#           there on (prefill chunks, bound by the FMAs: level with the tiles at 96-256 rows,
+#           1.07x ahead at 1,024 on 2 Zen 3 cores); the fp32 copy costs 4 bytes a
+#           weight more, so auto takes it only while that is under a quarter of the free memory.
+
+LINEARS = ("qkv", "o_proj", "gate_up", "down")
+LINEAR_KERNELS = ("auto", "onednn", "tiles", "tiles+onednn")
+HYBRID = "tiles+onednn"
+# rows from which tiles+onednn runs oneDNN: measured in-model on 2 Zen 3 cores (fp32, 300-token
+# contexts) since the tiles are 16 columns wide (one stream per kernel call), tiles ahead at
+# batch 16 (1.25x), 32 (1.10x), 48 (1.19x), 64 (1.08-1.12x), level at 96 and on 256-token
+# prefill chunks, oneDNN ahead on 1,024-token ones (1.07x)
+HYBRID_ROWS = 96
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    packed: torch.Tensor  # opaque oneDNN tensor
+    shape: tuple[int, int]  # [out, in] of the plain weight
+
+
+@dataclass(frozen=True)
+class HybridWeight:
+    """One weight in two forms (``tiles+onednn``): the tiles below ``HYBRID_ROWS`` rows, oneDNN's from there."""
+
+    tiles: gemm.TiledWeight
+    dense: PackedWeight
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tiles.shape
+
+
+def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether oneDNN takes packed weights of ``dtype`` here (fp32 on any CPU it runs on; bf16
+    where it computes bf16)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None,
+                  bf16_weights: bool = False, fp32_copy_fits: bool = True) -> str:
+    """The packed form the linear weights take here: ``onednn``, ``tiles`` or ``tiles+onednn``
+    (``auto``: tiles for bf16 on CPUs with AVX512-BF16 and no AMX; for fp32 with
+    ``bf16_weights`` (dtype auto on AVX2), where the kernels are built, tiles+onednn, or tiles
+    alone where the fp32 copy would not fit (``fp32_copy_fits``); oneDNN's blocked layout
+    otherwise); ``plain`` where neither packs. Tiles under fp32 round the weights to bf16 (and
+    tiles+onednn's oneDNN copy with them): outputs are no longer fp32's. Raises ValueError for
+    an unknown name or a kernel this machine lacks."""
+    if name not in LINEAR_KERNELS:
+        raise ValueError(f"linear kernel {name!r} not one of {', '.join(LINEAR_KERNELS)}")
+    if name == HYBRID and dtype != torch.float32:
+        raise ValueError("linear kernel 'tiles+onednn' runs fp32 activations (dtype float32 or auto on AVX2)")
+    if not can_pack(dtype, device):
+        return "plain"
+    if name == "auto":
+        flags = cpu_flags() if flags is None else flags
+        native = "avx512_bf16" in flags and "amx_bf16" not in flags
+        if dtype == torch.bfloat16 and native and gemm.available():
+            return "tiles"
+        if dtype == torch.float32 and bf16_weights and gemm.f32_available():
+            return HYBRID if fp32_copy_fits else "tiles"
+        return "onednn"
+    if name == "tiles" and dtype == torch.bfloat16 and not gemm.available():
+        raise ValueError("linear kernel 'tiles' runs bf16 activations on CPUs with AVX512-BF16, where the C++ kernels build")
+    if name in ("tiles", HYBRID) and dtype == torch.float32 and not gemm.f32_available():
+        raise ValueError(f"linear kernel {name!r} runs fp32 activations on CPUs with AVX2 and FMA, where the C++ kernels build")
+    return name
+
+
+def pack(w: torch.Tensor, kernel: str = "onednn") -> PackedWeight | gemm.TiledWeight | HybridWeight:
+    """``w`` in ``kernel``'s form; the tiles take column pairs, so an odd-width weight goes to oneDNN."""
+    if kernel in ("tiles", HYBRID) and w.shape[1] % 2 == 0:
+        tiles = gemm.pack(w, gemm.tile_for(w.dtype))
+        if kernel == "tiles":
+            return tiles
+        return HybridWeight(tiles, _onednn(w.to(torch.bfloat16).to(w.dtype)))  # NOTE: the tiles' values
+    return _onednn(w)
+
+
+def _onednn(w: torch.Tensor) -> PackedWeight:
+    return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(w.contiguous()), tuple(w.shape))
+
+
+def fp32_copy_fits(w: ModelWeights, share: float = 0.25, available: int | None = None) -> bool:
+    """Whether an fp32 copy of the linear weights (tiles+onednn's second form) takes under
+    ``share`` of the memory still free (``available``, default: memory.available_bytes: the
+    kernel's figure capped by a container's limit; True where nothing says)."""
+    free = memory.available_bytes() if available is None else available
+    if free is None:
+        return True
+    weights = [getattr(layer, name) for layer in w.layers for name in LINEARS] + [w.lm_head]
+    return sum(math.prod(t.shape) for t in weights) * 4 <= share * free  # NOTE: plain or packed alike
+
+
+def pack_weights(w: ModelWeights, kernel: str = "onednn") -> None:
+    """Replace every linear weight by its packed form (the LM head gets its own copy:
+    the embedding it is tied to stays plain for the lookup)."""
+    for layer in w.layers:
+        for name in LINEARS:
+            setattr(layer, name, pack(getattr(layer, name), kernel))
+    w.lm_head = pack(w.lm_head, kernel)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight | gemm.TiledWeight | HybridWeight,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` over a plain or a packed weight."""
+    if isinstance(w, HybridWeight):
+        w = w.dense if x.shape[0] >= HYBRID_ROWS else w.tiles
+    if isinstance(w, gemm.TiledWeight):
+        return gemm.linear(x, w, bias)
+    if isinstance(w, PackedWeight):
+        return torch.ops.mkldnn._linear_pointwise(x, w.packed, bias, "none", [], "")
+    return F.linear(x, w, bias)
