@@ -81,6 +81,7 @@ class StackConfig:
     nats_port: int = 0  # the port of the nats-server the stack starts (0: a free one)
     nats_host: str = "127.0.0.1"  # where that nats-server listens
     nats_cluster: int = 1  # nodes of the NATS cluster the stack starts (1: a single server)
+    index_replicas: int = 1  # cache_index processes: active replicas, routes answered by one
     subject_prefix: str = "rm"
     log_dir: Path = Path("logs")
     dtype: str = "auto"  # the worker picks: bfloat16 on CUDA and AMX / AVX512-BF16 CPUs, else float32
@@ -219,7 +220,9 @@ class LocalStack:
         cfg = self.config
         roles = ["both"] * cfg.workers + ["prefill"] * cfg.prefill_workers + ["decode"] * cfg.decode_workers
         threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // max(1, len(roles)))
-        self._spawn("cache_index", [])
+        for i in range(max(1, cfg.index_replicas)):  # NOTE: the first keeps the plain name
+            self._spawn("cache_index", ["--instance", f"cache_index-{i}-{uuid.uuid4().hex[:6]}"],
+                        log_name=f"cache_index-{i}" if i else None)
         self._spawn("tokenizer", ["--model", model])
         # NOTE: a fixed instance id: a restarted scheduler re-adopts its workers at once
         self._spawn("scheduler", ["--instance", f"scheduler-{uuid.uuid4().hex[:8]}"])
