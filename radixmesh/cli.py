@@ -40,7 +40,7 @@ def _up(given: argparse.Namespace, own: dict[str, argparse.Action],
         dtype=args.dtype, kv_slots=args.kv_slots, threads_per_worker=args.threads,
         traces=not args.no_traces, nats_port=args.nats_port, nats_host=args.nats_host,
         nats_cluster=args.nats_cluster, gateways=args.gateways, tokenizers=args.tokenizers,
-        schedulers=args.schedulers,
+        schedulers=args.schedulers, index_replicas=args.index_replicas,
         extra=extra, env=env,
     )
     stack = LocalStack(config)
@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--nats-cluster", type=int, default=1, metavar="N",
                     help="start a NATS cluster of N nodes instead of one server (every service gets "
                          "all N URLs and fails over among them); ports from --nats-port up if set")
+    up.add_argument("--index-replicas", type=int, default=1, metavar="N",
+                    help="cache_index processes: each follows every worker, one answers each route "
+                         "(a queue group); a replica that dies loses no route")
     up.add_argument("--startup-timeout", type=float, default=300.0)
     up.add_argument("--no-traces", action="store_true",
                     help="do not keep spans in <log-dir>/spans.jsonl (for `radixmesh trace`)")

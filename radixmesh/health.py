@@ -6,6 +6,8 @@ check waits for the reply of this container's own instance: ``--instance``,
 default ``RADIXMESH_INSTANCE`` or ``<service>-<hostname>``, the id the container
 entrypoint (docker/entrypoint.sh) gives the service. The gateway is checked
 over HTTP instead (``GET /health``: 200 once a tokenizer and a worker are reachable).
+An instance whose Pong says ``ready: "false"`` (a cache index still loading the
+workers' state) is up but not healthy yet.
 
 Without a service argument the service is read from PID 1's command line
 (``python -m services.<name>``). Exit codes: 0 healthy, 1 not (reason on stderr).
@@ -92,13 +94,20 @@ async def check_ping(nats_url: str, subject: str, instance: str | None, timeout:
     if nc is None:
         raise Unhealthy(f"cannot connect to NATS ({why[2:]})")
     found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    loading: list[str] = []  # instances up but not ready yet (Pong detail ready "false")
 
     async def on_reply(msg) -> None:
         try:
             pong = codec.decode(msg.data, Pong)
         except Exception:  # noqa: BLE001 - an error reply or junk: keep waiting
             return
-        if (instance is None or pong.instance == instance) and not found.done():
+        if (instance is not None and pong.instance != instance) or found.done():
+            return
+        if pong.detail.get("ready") == "false":  # NOTE: e.g. a cache index loading its state
+            loading.append(pong.instance)
+            if instance is not None:  # its own instance answered: no need to wait further
+                found.set_exception(_not_ready(pong.instance))
+        else:
             found.set_result(f"{pong.service} {pong.instance} up {pong.uptime_s:.0f}s")
 
     try:
@@ -107,10 +116,16 @@ async def check_ping(nats_url: str, subject: str, instance: str | None, timeout:
         await nc.publish(subject, codec.encode(Ping()), reply=inbox)
         return await asyncio.wait_for(found, timeout)
     except asyncio.TimeoutError:
+        if loading:
+            raise _not_ready(loading[0]) from None
         who = instance or "any instance"
         raise Unhealthy(f"no pong from {who} on {subject} within {timeout:.1f}s") from None
     finally:
         await nc.close()
+
+
+def _not_ready(instance: str) -> Unhealthy:
+    return Unhealthy(f"{instance} is up but not ready yet (loading its state)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

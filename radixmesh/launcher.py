@@ -88,6 +88,7 @@ class StackConfig:
     gateways: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
     tokenizers: int = 1  # tokenizer processes (one queue group)
     schedulers: int = 1  # scheduler processes (each adopts idle workers)
+    index_replicas: int = 1  # cache_index processes: active replicas, routes answered by one
     subject_prefix: str = "rm"
     log_dir: Path = Path("logs")
     dtype: str = "auto"  # the worker picks: bfloat16 on CUDA and AMX / AVX512-BF16 CPUs, else float32
@@ -229,7 +230,9 @@ class LocalStack:
         cfg = self.config
         roles = ["both"] * cfg.workers + ["prefill"] * cfg.prefill_workers + ["decode"] * cfg.decode_workers
         threads = cfg.threads_per_worker or max(1, (os.cpu_count() or 1) // max(1, len(roles)))
-        self._spawn("cache_index", [])
+        for i in range(max(1, cfg.index_replicas)):
+            self._spawn("cache_index", ["--instance", f"cache_index-{i}-{uuid.uuid4().hex[:6]}"],
+                        log_name=_nth("cache_index", i))
         for i in range(max(1, cfg.tokenizers)):
             self._spawn("tokenizer", ["--model", model], log_name=_nth("tokenizer", i))
         for i in range(max(1, cfg.schedulers)):

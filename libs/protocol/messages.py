@@ -8,7 +8,7 @@ of a batch.
 Request path (subjects in :mod:`libs.protocol.subjects`)::
 
     gateway --EncodeRequest--> tokenizer.encode      (reply EncodeReply)
-    gateway --RouteRequest---> index.route           (reply RouteReply)
+    gateway --RouteRequest---> index.route           (reply RouteReply; one replica answers)
     gateway --SubmitRequest--> sched.<w>.submit      (reply SubmitReply)
     scheduler --ForwardBatch--> worker.<w>.forward   (reply ForwardResult), per step
     scheduler --PrepareRegex--> worker.<w>.prepare   (publish) at a constrained submit
@@ -168,6 +168,7 @@ class RouteRequest(Base, tag="route.v1"):
     # a decode worker would prefill it itself (extras.prefills_locally: logprobs, a regex,
     # a resumed output): scored as a local prefill everywhere, no prefill peer named
     local_prefill: bool = False
+    dry_run: bool = False  # decide but book nothing (a replica probed by tests or by hand)
 
 
 class RouteReply(Base, tag="route_reply.v1"):
@@ -404,6 +405,52 @@ class KVEventBatch(Base, tag="kv_events.v1"):
     page_size: int
     events: list[KVEvent]
     ts: float = 0.0  # wall time of publication (for the index's event-lag metric)
+
+
+# -- cache index replicas -----------------------------------------------------
+#
+#   replica --IndexBooking---------> index.booking   (every replica) at each route it answers
+#   gateway --ReleaseRequest-------> index.release   (every replica)
+#   starting replica --IndexSnapshotRequest--> index.snapshot (queue group of ready replicas)
+#                                                     -> IndexSnapshot
+
+
+class IndexBooking(Base, tag="index_booking.v1"):
+    """A replica routed ``rid`` to ``worker_id``: every replica counts the booking (load,
+    soon-cached pages) until it is released or ``ttl_s`` runs out, so a burst answered
+    by several replicas does not stampede one worker, and a lost release cannot leak."""
+
+    replica: str  # the instance that routed it (it has booked it already)
+    rid: str
+    worker_id: str
+    tokens: int  # prefill tokens the request adds to the worker's queue
+    hashes: list[int] = []  # its pages at the worker's page size: soon cached there
+    ttl_s: float = 2.0  # how much longer it counts at most
+    age_s: float = 0.0  # how long ago it was booked (in a snapshot; 0 when just routed)
+    released: bool = False  # finished: no load, its pages still count for the rest of ttl_s
+
+
+class IndexSnapshotRequest(Base, tag="index_snapshot.v1"):
+    """A starting replica asks a ready one: ``worker`` "" for every worker's load, liveness
+    and the bookings; a worker id for that worker's prefix view (one message each: a
+    view can be large)."""
+
+    worker: str = ""
+
+
+class IndexWorker(Base):
+    report: LoadReport  # its last load report
+    age_s: float  # since that report arrived (liveness)
+    synced: bool  # the replica's view of its prefix cache is complete: ask for it
+
+
+class IndexSnapshot(Base, tag="index_snapshot_reply.v1"):
+    replica: str
+    workers: list[IndexWorker] = []
+    bookings: list[IndexBooking] = []
+    # the asked worker's view as a scheduler snapshot: epoch and seq say which of the
+    # buffered KV events follow it (none when the replica's view is not complete)
+    views: list[KVSnapshot] = []
 
 
 # -- gateway ----------------------------------------------------------------

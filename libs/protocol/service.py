@@ -133,6 +133,8 @@ async def run_service(service: str, config: CommonConfig, body: Body) -> None:
 
         await body(ctx)
         await bus.subscribe(config.subjects.ping(service), on_ping, Ping)
-        logging.getLogger(service).info("%s %s ready", service, config.instance)
+        # NOTE: a service that still loads its state says so in its Pong (ready "false")
+        state = "up, loading its state" if ctx.detail.get("ready") == "false" else "ready"
+        logging.getLogger(service).info("%s %s %s", service, config.instance, state)
         await stop.wait()
         logging.getLogger(service).info("%s %s stopping", service, config.instance)

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 _TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 TOKENIZER_QUEUE = "tokenizer"
+# cache-index replicas answer routes, worker lists and snapshots as one queue group;
+# KV events, load reports, bookings and releases reach every replica
+INDEX_QUEUE = "cache_index"
 
 
 def check_token(token: str) -> str:
@@ -56,6 +59,16 @@ class Subjects:
 
     def index_workers(self) -> str:
         return self._s("index", "workers")
+
+    def index_booking(self) -> str:
+        return self._s("index", "booking")
+
+    def index_snapshot(self) -> str:
+        return self._s("index", "snapshot")
+
+    def index_replica_route(self, instance: str) -> str:
+        """Routes answered by this replica only (tests, debugging)."""
+        return self._s("index", "replica", check_token(instance), "route")
 
     # scheduler, one pair of subjects per worker it drives
     def sched_submit(self, worker: str) -> str:

@@ -76,12 +76,20 @@ class Registry:
         return [s for s in self._workers.values() if model is None or s.report.model == model]
 
     def book(self, worker_id: str, rid: str, tokens: int = 0,
-             hashes: frozenset[int] = frozenset()) -> None:
+             hashes: frozenset[int] = frozenset()) -> Booking | None:
+        """Book ``rid`` on the worker for ``booking_ttl_s``; None if the worker is unknown."""
+        now = self.clock()
+        return self.add(worker_id, rid, Booking(now, now + self.booking_ttl_s, tokens, hashes))
+
+    def add(self, worker_id: str, rid: str, booking: Booking) -> Booking | None:
+        """Count ``booking`` (this replica's, or one a peer made) on a known worker."""
         state = self._workers.get(worker_id)
-        if state is not None:
-            now = self.clock()
-            state.bookings = {r: b for r, b in state.bookings.items() if b.expiry > now}
-            state.bookings[rid] = Booking(now, now + self.booking_ttl_s, tokens, hashes)
+        if state is None:
+            return None
+        now = self.clock()
+        state.bookings = {r: b for r, b in state.bookings.items() if b.expiry > now}
+        state.bookings[rid] = booking
+        return booking
 
     def release(self, worker_id: str, rid: str) -> None:
         """The request finished or failed: it adds no load; its pages count as cached
@@ -91,6 +99,18 @@ class Registry:
         if booking is not None:
             booking.released = True
             booking.expiry = min(booking.expiry, self.clock() + RELEASE_GRACE_S)
+
+    def restore(self, report: LoadReport, age_s: float) -> None:
+        """A worker as a peer replica saw it, its last report ``age_s`` old; a report
+        received here already is at least as fresh and stays."""
+        if report.worker_id not in self._workers and report.alive:
+            self._workers[report.worker_id] = WorkerState(report, self.clock() - age_s)
+
+    def bookings(self) -> list[tuple[str, str, Booking]]:
+        """(worker, rid, booking) of every booking still counted."""
+        now = self.clock()
+        return [(s.report.worker_id, rid, b) for s in self.live()
+                for rid, b in s.bookings.items() if b.expiry > now]
 
     def summaries(self) -> list[WorkerSummary]:
         now = self.clock()

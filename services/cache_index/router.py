@@ -12,7 +12,7 @@ from libs.protocol.messages import RouteRequest
 from .policies import (DECODE_HORIZON_TOKENS, POLICIES, Candidate, DecodePrior, computed, decode_cost,
                        pair_score, prefills_locally_instead, prefills_remotely, score)
 from .prefix_index import PrefixIndex, prompt_hashes
-from .registry import Registry
+from .registry import Booking, Registry
 from .store_pages import StorePages
 
 log = logging.getLogger("cache_index.router")
@@ -24,6 +24,7 @@ class Decision(NamedTuple):
     chosen: Candidate
     candidates: list[Candidate]
     prefill: Candidate | None = None  # a decode worker's prefill peer (None: it prefills itself)
+    bookings: tuple[tuple[str, Booking], ...] = ()  # (worker, booking) made: for the peer replicas
 
     def attributes(self, policy: str) -> dict[str, object]:
         """Span attributes: the winner, the policy and every candidate, as parallel arrays."""
@@ -62,7 +63,8 @@ class Router:
         worker only when no other is live), weighing the decode load it adds there; a
         decode worker gets a prefill peer of the same KV layout, picked by the same
         policy over the prefill workers (which do not decode it), unless it would
-        prefill the request itself (``local_prefill``): then it is scored so."""
+        prefill the request itself (``local_prefill``): then it is scored so. The
+        choice is booked (``Decision.bookings``) unless ``req.dry_run``."""
         if req.num_tokens <= 0:
             raise errors.invalid_request("num_tokens must be positive")
         states = [s for s in self.registry.live(req.model)
@@ -77,7 +79,9 @@ class Router:
         prefill = None
         if peers.get(chosen.worker_id):
             prefill = self._pick(peers[chosen.worker_id], req, hashes)
-        return Decision(chosen, cands, prefill)
+        picked = [] if req.dry_run else [c for c in (chosen, prefill) if c is not None]
+        booked = [self._book(c, req, hashes) for c in picked]
+        return Decision(chosen, cands, prefill, tuple(b for b in booked if b[1] is not None))
 
     def _peers(self, cands: list[Candidate], states, req: RouteRequest,
                hashes: dict[int, list[int]]) -> dict[str, list[Candidate]]:
@@ -142,16 +146,20 @@ class Router:
 
     def _pick(self, cands: list[Candidate], req: RouteRequest, hashes: dict[int, list[int]]) -> Candidate:
         chosen = self.policy(cands, req.num_tokens, self._key(req))
-        page = self.index.page_size(chosen.worker_id)
-        self.registry.book(chosen.worker_id, req.rid,
-                           req.num_tokens - chosen.cached - chosen.cached_host - chosen.cached_store,
-                           frozenset(hashes[page]))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route %s (%d tokens) -> %s (%s) [(worker, cached, load, queued, score)] %s",
                       req.rid, req.num_tokens, chosen.worker_id, self.policy_name,
                       [(c.worker_id, c.cached, c.load, c.queued_tokens, round(c.score, 4))
                        for c in cands])
         return chosen
+
+    def _book(self, chosen: Candidate, req: RouteRequest,
+              hashes: dict[int, list[int]]) -> tuple[str, Booking | None]:
+        """The request as in flight on ``chosen``: its load and its soon-cached pages."""
+        page = self.index.page_size(chosen.worker_id)
+        uncached = req.num_tokens - chosen.cached - chosen.cached_host - chosen.cached_store
+        return chosen.worker_id, self.registry.book(chosen.worker_id, req.rid, uncached,
+                                                    frozenset(hashes[page]))
 
     @staticmethod
     def _key(req: RouteRequest) -> int:

@@ -13,7 +13,8 @@ class PipelineConfig:
     submit_timeout: float = 2.0
     submit_attempts: int = 3  # an unanswered submit launches again under a fresh bus rid
     route_attempts: int = 3  # submit refused with 503 -> route again, excluding that worker
-    route_timeout: float = 2.0  # past this the gateway routes by its own load view
+    route_timeout: float = 2.0  # a route unanswered this long is asked again (index_attempts) ...
+    index_attempts: int = 2  # ... (an index replica died holding it), then the own load view routes
     watch_interval: float = 0.25  # how often open requests are checked for a lost scheduler
     resume_wait: float = 5.0  # a lost scheduler's requests wait this long for its successor
     tokenizer_probe_interval: float = 1.0  # how often tokenizers are pinged while requests run

@@ -78,8 +78,7 @@ class Placement:
                              exclude=exclude, input_ids=enc.input_ids, cache_salt=req.cache_salt,
                              max_new_tokens=enc.max_new_tokens, local_prefill=local_prefill)
         try:
-            reply = await self.bus.request(self.subjects.index_route(), route, RouteReply,
-                                           self.config.route_timeout)
+            reply = await self._ask_index(route)
             if self.metrics is not None:
                 self.metrics.routed(reply.policy, reply.worker_id)
             if reply.predicted_ttft_s > 0:
@@ -98,3 +97,17 @@ class Placement:
             if self.metrics is not None:
                 self.metrics.routed("gateway_fallback", worker)
             return worker
+
+    async def _ask_index(self, route: RouteRequest) -> RouteReply:
+        """One replica of the cache index answers; one that dies holding the request leaves
+        it unanswered, so a timeout asks again (another replica takes it)."""
+        subject, timeout = self.subjects.index_route(), self.config.route_timeout
+        for _ in range(self.config.index_attempts - 1):
+            try:
+                return await self.bus.request(subject, route, RouteReply, timeout)
+            except ServiceError as exc:
+                if exc.code != "timeout":
+                    raise
+                log.warning("route %s unanswered within %.1fs: asking the cache index again",
+                            route.rid, timeout)
+        return await self.bus.request(subject, route, RouteReply, timeout)

@@ -37,6 +37,24 @@ async def test_waits_for_its_own_instance(nats_server, subject_prefix):
         await bus.close()
 
 
+async def test_an_instance_still_loading_its_state_is_not_healthy(nats_server, subject_prefix):
+    """A cache index replica answers pings before it joins the route queue group."""
+    subject = Subjects(subject_prefix).ping("cache_index")
+    bus = await Bus.connect(nats_server.url, "replicas")
+    try:
+        for instance, ready in (("ci-new", "false"), ("ci-old", "true")):
+            async def on_ping(_: Ping, instance=instance, ready=ready) -> Pong:
+                return Pong(service="cache_index", instance=instance, uptime_s=1.0,
+                            detail={"ready": ready})
+
+            await bus.subscribe(subject, on_ping, Ping)
+        with pytest.raises(health.Unhealthy, match="ci-new is up but not ready"):
+            await health.check_ping(nats_server.url, subject, "ci-new", timeout=3.0)
+        assert (await health.check_ping(nats_server.url, subject, None, 3.0)).startswith("cache_index ci-old")
+    finally:
+        await bus.close()
+
+
 async def test_unreachable_broker_is_unhealthy():
     with pytest.raises(health.Unhealthy, match="cannot connect to NATS"):
         await health.check_ping("nats://127.0.0.1:9", "rm.ping.scheduler", None, timeout=0.5)

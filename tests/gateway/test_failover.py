@@ -8,9 +8,9 @@ import time
 import pytest
 
 from libs.protocol import ServiceError
-from libs.protocol.messages import LoadReport
+from libs.protocol.messages import LoadReport, RouteReply, RouteRequest
 from services.gateway.fallback import LoadView
-from services.gateway.pipeline import GenerationRequest
+from services.gateway.pipeline import GenerationRequest, PipelineConfig
 
 from .conftest import MODEL
 
@@ -45,6 +45,26 @@ async def test_index_down_and_no_known_worker_is_a_clear_503(played_no_index, pi
     with pytest.raises(ServiceError) as err:
         await pipeline.submit(GenerationRequest(text="hello", max_new_tokens=4))
     assert err.value.status == 503
+
+
+async def test_a_route_an_index_replica_died_holding_is_asked_again(played_no_index, pipeline, bus):
+    """The first route is taken and never answered (its replica died): the retry is answered
+    by another replica; no fallback to the gateway's own load view."""
+    pipeline.config = PipelineConfig(request_timeout=2.0, bus_timeout=2.0, route_timeout=0.3)
+    asked: list[str] = []
+
+    async def replica(req: RouteRequest) -> RouteReply:
+        asked.append(req.rid)
+        if len(asked) == 1:
+            await asyncio.Event().wait()
+        return RouteReply(worker_id="w2", policy="cache_aware")
+
+    await bus.subscribe(played_no_index.subjects.index_route(), replica, RouteRequest, concurrent=True)
+    gen = await pipeline.submit(GenerationRequest(text="hello", max_new_tokens=4))
+    async with gen:
+        done = await gen.collect()
+    assert done.finish_reason == "length" and gen.worker_id == "w2"
+    assert len(asked) == 2 and asked[0] == asked[1] and pipeline.loads.fallback_routes == 0
 
 
 async def test_worker_lost_before_first_token_moves_the_request(played, pipeline):

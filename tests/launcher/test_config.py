@@ -117,3 +117,17 @@ def test_bad_values_are_refused_naming_where_they_came_from(capsys, monkeypatch,
         argv = [*argv, "--config", str(tmp_path / "c.toml")]
     assert cli.main(["up", *argv, "--print-config"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_index_replicas_start_that_many_cache_indexes(capsys, monkeypatch, tmp_path):
+    from radixmesh.launcher import LocalStack, ephemeral_stack_config
+
+    assert print_config(capsys, monkeypatch, ["--index-replicas", "3"])["up"]["index-replicas"] == 3
+    stack = LocalStack(ephemeral_stack_config(tmp_path, index_replicas=3), progress=lambda m: None)
+    spawned: list[tuple[str, list[str], str | None]] = []
+    monkeypatch.setattr(stack, "_spawn", lambda service, args, log_name=None:
+                        spawned.append((service, args, log_name)))
+    stack._spawn_all("model-dir")
+    index = [(args, log) for service, args, log in spawned if service == "cache_index"]
+    assert [log for _, log in index] == [None, "cache_index-1", "cache_index-2"]
+    assert len({args[args.index("--instance") + 1] for args, _ in index}) == 3  # one id each

@@ -11,3 +11,11 @@ def test_subjects_are_namespaced_and_validated():
     for bad in ("a.b", "a b", "*", ">", ""):
         with pytest.raises(ValueError):
             s.worker_forward(bad)
+
+
+def test_index_replica_subjects():
+    s = Subjects("abc")
+    assert (s.index_booking(), s.index_snapshot()) == ("abc.index.booking", "abc.index.snapshot")
+    assert s.index_replica_route("cache_index-1") == "abc.index.replica.cache_index-1.route"
+    with pytest.raises(ValueError):
+        s.index_replica_route("a.b")
