@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "compose.yaml"
 GPU = "compose.gpu.yaml"
+CLUSTER = "compose.cluster.yaml"
 SMOKE = "tests/deploy/compose.smoke.yaml"
 RADIXMESH_SERVICES = ("cache_index", "scheduler", "tokenizer", "gpu_worker", "gateway")
 
