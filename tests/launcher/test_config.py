@@ -129,5 +129,5 @@ def test_index_replicas_start_that_many_cache_indexes(capsys, monkeypatch, tmp_p
                         spawned.append((service, args, log_name)))
     stack._spawn_all("model-dir")
     index = [(args, log) for service, args, log in spawned if service == "cache_index"]
-    assert [log for _, log in index] == [None, "cache_index-1", "cache_index-2"]
+    assert [log for _, log in index] == ["cache_index", "cache_index-1", "cache_index-2"]
     assert len({args[args.index("--instance") + 1] for args, _ in index}) == 3  # one id each
