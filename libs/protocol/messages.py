@@ -318,6 +318,19 @@ class SchedStatsRequest(Base, tag="sched_stats.v1"):
     pass
 
 
+class StreamStatusRequest(Base, tag="stream_status.v1"):
+    """Gateway -> scheduler: how far are these requests (ones whose output went quiet)?"""
+
+    rids: list[str]
+
+
+class StreamStatusReply(Base, tag="stream_status_reply.v1"):
+    """Per rid: the output tokens put in deltas so far (replayed ones counted), -1 for a
+    request the scheduler no longer holds (finished, aborted) or never took."""
+
+    sent: list[int]
+
+
 class SchedStats(Base, tag="sched_stats_reply.v1"):
     """Counters of one scheduler loop (one worker), for tests and tooling."""
 

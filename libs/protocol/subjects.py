@@ -80,6 +80,9 @@ class Subjects:
     def sched_stats(self, worker: str) -> str:
         return self._s("sched", check_token(worker), "stats")
 
+    def sched_status(self, worker: str) -> str:
+        return self._s("sched", check_token(worker), "status")
+
     def sched_flush(self, worker: str) -> str:
         return self._s("sched", check_token(worker), "flush")
 

@@ -37,6 +37,7 @@ from .metrics import RequestMetrics
 from .observability import request_arrival
 from .placement import Placement
 from .request import GenerationRequest, Launched, Resume
+from .stall import Arrivals, lost_output
 from .tokenizers import TokenizerView
 
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
@@ -63,6 +64,8 @@ class Pipeline:
         self._tasks: set[asyncio.Task] = set()
         self._live: set[Generation] = set()  # open generations, for the watchdog
         self.submitted = 0  # requests accepted since start
+        self.arrivals = Arrivals()
+        self._stall_watch: asyncio.Task | None = None
         self._watchdog: asyncio.Task | None = None
         self._tokenizer_watch: asyncio.Task | None = None
         self.tokenizers: TokenizerView | None = None
@@ -91,13 +94,14 @@ class Pipeline:
         self._watchdog = asyncio.create_task(self._watch(), name="gateway-watchdog")
         self.tokenizers = TokenizerView(self.bus, self.subjects)
         self._tokenizer_watch = asyncio.create_task(self._watch_tokenizers(), name="gateway-tokenizers")
+        self._stall_watch = asyncio.create_task(self._watch_stalls(), name="gateway-stalls")
 
     async def stop(self) -> None:
         """Unsubscribe and wait for pending abort/release messages to go out."""
-        for task in (self._watchdog, self._tokenizer_watch):
+        for task in (self._watchdog, self._tokenizer_watch, self._stall_watch):
             if task is not None:
                 task.cancel()
-        self._watchdog = self._tokenizer_watch = None
+        self._watchdog = self._tokenizer_watch = self._stall_watch = None
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
@@ -149,7 +153,19 @@ class Pipeline:
             if queue is None:
                 log.debug("delta for unknown rid %s dropped", item.rid)
             else:
+                self.arrivals.note(item)
                 queue.put_nowait(item)
+
+    async def _watch_stalls(self) -> None:
+        """Resume requests whose output was lost with nothing after it (a lost final delta)."""
+        while True:
+            await asyncio.sleep(self.config.stall_check_s)
+            quiet = self.arrivals.quiet(list(self._live), self.config.stall_s)
+            if not quiet or not self.bus.nc.is_connected:
+                continue
+            for gen, why in await lost_output(self.bus, self.subjects, quiet, self.config.stall_check_s):
+                log.warning("request %s: %s", gen.rid, why)
+                gen.lost(errors.stream_gap(f"output of request {gen.rid} lost on the way: {why}"))
 
     async def submit(self, req: GenerationRequest) -> Generation:
         """Encode, route and submit; returns the running generation.
@@ -282,6 +298,7 @@ class Pipeline:
     def _forget(self, gen: Generation) -> None:
         """Let go of a lost submission: its queue, index booking, detok stream, scheduler."""
         self._queues.pop(gen.bus_rid, None)
+        self.arrivals.forget(gen.bus_rid)
         self._publish_later(self.subjects.index_release(),
                             ReleaseRequest(rid=gen.bus_rid, worker_id=gen.worker_id))
         if gen.detok_instance:  # NOTE: a no-op where the error finish already closed it
@@ -312,6 +329,7 @@ class Pipeline:
     def _finish(self, gen: Generation) -> None:
         self._live.discard(gen)
         self._queues.pop(gen.bus_rid, None)
+        self.arrivals.forget(gen.bus_rid)
         with trace.use_span(gen.span, end_on_exit=False):
             if not gen.finished:
                 self._publish_later(self.subjects.sched_abort(gen.worker_id),

@@ -120,6 +120,11 @@ class SchedulerCore:
                 self.waiting.append(r)
         return tokens
 
+    def sent(self, rid: str) -> int:
+        """Output tokens of ``rid`` put in deltas so far; -1: not held here."""
+        req = self._by_rid.get(rid)
+        return -1 if req is None else req.sent
+
     def abort(self, rid: str, reason: str = "abort") -> bool:
         req = self._by_rid.get(rid)
         if req is None:

@@ -14,8 +14,8 @@ from opentelemetry import trace
 from libs.protocol import Bus, ServiceError, Subjects, errors
 from libs.protocol.messages import (
     AbortRequest, ErrorInfo, FetchPages, FetchReply, FlushReply, FlushRequest, KVReady, KVSnapshot, LeaseRenew, LoadReport,
-    PrefillRequest, PrefillStatus, PrepareRegex, SchedStats, SchedStatsRequest, SnapshotRequest, SubmitReply,
-    SubmitRequest, WorkerInfo,
+    PrefillRequest, PrefillStatus, PrepareRegex, SchedStats, SchedStatsRequest, SnapshotRequest, StreamStatusReply,
+    StreamStatusRequest, SubmitReply, SubmitRequest, WorkerInfo,
 )
 
 from .config import CoreConfig
@@ -61,6 +61,7 @@ class WorkerSession:
             await self.bus.subscribe(s.sched_submit(w), self._on_submit, SubmitRequest),
             await self.bus.subscribe(s.sched_abort(w), self._on_abort, AbortRequest),
             await self.bus.subscribe(s.sched_stats(w), self._on_stats, SchedStatsRequest),
+            await self.bus.subscribe(s.sched_status(w), self._on_status, StreamStatusRequest),
             await self.bus.subscribe(s.sched_flush(w), self._on_flush, FlushRequest),
             await self.bus.subscribe(s.sched_snapshot(w), self._on_snapshot, SnapshotRequest),
             await self.bus.subscribe(s.sched_prefill(w), self.link.on_prefill, PrefillRequest),
@@ -160,6 +161,9 @@ class WorkerSession:
                                        worker_idle_fraction=self.driver.idle_fraction,
                                        worker_active_s=self.driver.active_s,
                                        worker_busy_s=self.driver.busy_s)
+
+    async def _on_status(self, msg: StreamStatusRequest) -> StreamStatusReply:
+        return StreamStatusReply(sent=[self.driver.core.sent(rid) for rid in msg.rids])
 
     async def _on_snapshot(self, _: SnapshotRequest) -> KVSnapshot:
         return self.driver.core.snapshot()
