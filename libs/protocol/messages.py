@@ -653,6 +653,10 @@ class ForwardBatch(Base, tag="forward.v1"):
     # KV copies run before this step's forward, in order; a step may carry copies and
     # no rows (then it returns no tokens)
     copies: list[KVCopy] = []
+    # the sender: the scheduler that adopted the worker and that adoption's epoch; the worker
+    # refuses a step of any other (a scheduler that lost its lease), "" / -1: unchecked
+    owner: str = ""
+    epoch: int = -1
 
 
 class ForwardResult(Base, tag="forward_result.v1"):

@@ -51,7 +51,13 @@ class Adoption:
             raise ServiceError("not_adopted", f"worker is not adopted by {scheduler_id!r}", 409)
         self._deadline = self._clock() + self._lease_s
 
-    def require_owner(self) -> None:
+    def require_owner(self, owner: str = "", epoch: int = -1) -> None:
+        """A step may run: the worker is adopted and, where the step names its sender
+        (``owner``, ``epoch``), by that scheduler in this very adoption. A scheduler that lost
+        its lease but still runs is refused, not left to write into its successor's KV."""
         self.expire()
         if self.owner is None:
             raise ServiceError("not_adopted", "worker is not adopted by any scheduler", 409)
+        if owner and (owner != self.owner or epoch not in (-1, self.epoch)):
+            raise ServiceError("stale_owner", f"step from {owner} (epoch {epoch}): the worker is "
+                               f"adopted by {self.owner} (epoch {self.epoch})", 409)

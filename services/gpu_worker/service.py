@@ -126,7 +126,7 @@ class WorkerService:
         self.runner.constraints.prepare(msg.patterns[:MAX_PREPARE])
 
     async def _on_forward(self, msg: ForwardBatch) -> ForwardResult:
-        self.adoption.require_owner()
+        self.adoption.require_owner(msg.owner, msg.epoch)
         if trace.get_current_span().is_recording():  # a step that prefills a traced request
             with _tracer.start_as_current_span("gpu_worker.forward", attributes={
                 "radixmesh.step": msg.step, "radixmesh.batch_size": len(msg.rows),

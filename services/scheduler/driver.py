@@ -44,6 +44,7 @@ class StepDriver:
         self.core = core
         self.worker_id = core.info.worker_id
         self.forward_timeout = forward_timeout
+        self.fence: tuple[str, int] = ("", -1)  # (owner, epoch) stamped on every step
         self.tracer = StepTracer(self.worker_id)
         self._wake = asyncio.Event()
         self._stopped = False
@@ -116,7 +117,9 @@ class StepDriver:
         for later in self.core.inflight:
             later.pending.cancel()
         log.error("worker %s failed step %d: %s", self.worker_id, number, exc)
-        self.fail_all(ErrorInfo(code="worker_failed", status=503,
+        # NOTE: refused as no longer its owner: the worker is fine, another scheduler drives it
+        code = "scheduler_lost" if exc.code in ("stale_owner", "not_adopted") else "worker_failed"
+        self.fail_all(ErrorInfo(code=code, status=503,
                                 message=f"worker {self.worker_id} failed: {exc.message}"))
         await self.flush()
         raise WorkerLost(str(exc)) from exc
@@ -126,6 +129,7 @@ class StepDriver:
         batch = self.core.next_batch()
         if batch is None:
             return False
+        batch.owner, batch.epoch = self.fence
         step = self.core.last_step
         parent = self.tracer.step_started(step)
         self._account(0.0)

@@ -42,6 +42,7 @@ class WorkerSession:
         self.info = info
         self.lease_s = lease_s
         self.driver = StepDriver(bus, subjects, SchedulerCore(info, config), forward_timeout)
+        self.driver.fence = (scheduler_id, info.epoch)
         self.last_seen = time.monotonic()
         self.session = secrets.token_hex(6)  # names this adoption in replies and load reports
         self.link = DisaggLink(bus, subjects, self.driver, self.session)

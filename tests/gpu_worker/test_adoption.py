@@ -57,3 +57,18 @@ def test_bad_adopt_requests_and_forward_guard():
         a.require_owner()
     a.adopt("s", 1.0)
     a.require_owner()
+
+
+def test_a_step_from_a_stale_owner_or_an_old_adoption_is_refused():
+    clock = Clock()
+    a = Adoption(clock)
+    a.adopt("s1", 5.0)
+    a.require_owner("s1", 0)
+    a.require_owner()  # unnamed steps (tools, tests) are only checked for an owner
+    clock.now += 10  # s1's lease lapses; s2 adopts (epoch 1)
+    a.adopt("s2", 5.0)
+    for owner, epoch in (("s1", 0), ("s1", 1), ("s2", 0)):
+        with pytest.raises(ServiceError) as err:
+            a.require_owner(owner, epoch)
+        assert (err.value.code, err.value.status) == ("stale_owner", 409)
+    a.require_owner("s2", 1)

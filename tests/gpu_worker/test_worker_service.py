@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import msgspec
 import pytest
 
 from libs.protocol import Bus, ServiceError, Subjects
@@ -74,7 +75,12 @@ async def test_adopt_forward_and_typed_errors(nats_server, subject_prefix, runne
             await bus.request(subjects.worker_adopt("w1"), AdoptRequest(scheduler_id="s2", lease_s=30), WorkerInfo)
         assert (err.value.code, err.value.status) == ("already_adopted", 409)
         await seen.wait_for(lambda i: i.adopted_by == "s1")
+        stale = msgspec.structs.replace(batch, owner="s0", epoch=0)  # a scheduler whose lease lapsed
+        with pytest.raises(ServiceError) as err:
+            await bus.request(subjects.worker_forward("w1"), stale, ForwardResult)
+        assert (err.value.code, err.value.status) == ("stale_owner", 409)
 
+        batch = msgspec.structs.replace(batch, owner="s1", epoch=info.epoch)
         result = await bus.request(subjects.worker_forward("w1"), batch, ForwardResult, timeout=30)
         assert result.step == 0 and tokenizer.decode(result.next_token_ids) == " Paris"
 
