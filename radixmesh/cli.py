@@ -103,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--gateways", type=int, default=1, metavar="N",
                     help="gateway processes, all on --port (SO_REUSEPORT: the kernel spreads connections)")
     up.add_argument("--tokenizers", type=int, default=1, metavar="N", help="tokenizer processes")
-    up.add_argument("--schedulers", type=int, default=1, metavar="N",
-                    help="scheduler processes (each adopts idle workers; workers move to another "
-                         "when one dies)")
+    up.add_argument("--schedulers", type=int, default=0, metavar="N",
+                    help="scheduler processes, each driving the workers it adopts (those on its host "
+                         "first); a dead one's workers move to another (0: two where there are two "
+                         "workers or more, else one)")
     up.add_argument("--nats-cluster", type=int, default=1, metavar="N",
                     help="start a NATS cluster of N nodes instead of one server (every service gets "
                          "all N URLs and fails over among them); ports from --nats-port up if set")

@@ -87,7 +87,7 @@ class StackConfig:
     nats_cluster: int = 1  # nodes of the NATS cluster the stack starts (1: a single server)
     gateways: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
     tokenizers: int = 1  # tokenizer processes (one queue group)
-    schedulers: int = 1  # scheduler processes (each adopts idle workers)
+    schedulers: int = 0  # scheduler processes (each adopts idle workers); 0: two where there are two workers or more
     index_replicas: int = 1  # cache_index processes: active replicas, routes answered by one
     subject_prefix: str = "rm"
     log_dir: Path = Path("logs")
@@ -235,7 +235,7 @@ class LocalStack:
                         log_name=_nth("cache_index", i))
         for i in range(max(1, cfg.tokenizers)):
             self._spawn("tokenizer", ["--model", model], log_name=_nth("tokenizer", i))
-        for i in range(max(1, cfg.schedulers)):
+        for i in range(cfg.schedulers or min(2, len(roles)) or 1):
             # NOTE: a fixed instance id: a restarted scheduler re-adopts its workers at once
             self._spawn("scheduler", ["--instance", f"scheduler-{uuid.uuid4().hex[:8]}"],
                         log_name=_nth("scheduler", i))

@@ -514,6 +514,7 @@ class WorkerInfo(Base, tag="worker_info.v1"):
     role: str = "both"
     kv_layout: str = ""
     host_id: str = ""
+    host: str = ""  # the worker's hostname: schedulers prefer workers on their own host
     kv_dtype: str = ""  # its KV pool's dtype ("": dtype's); names its pages in the shared store
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 
 import torch
@@ -72,7 +73,7 @@ class WorkerService:
             eos_token_ids=r.eos_token_ids, dtype=r.config.dtype, host_kv_slots=r.kv_copies.host_slots,
             store_page_tokens=r.kv_copies.store_page_tokens,
             adopted_by=self.adoption.owner, epoch=self.adoption.epoch,
-            role=self.role, kv_layout=self.kv_layout, host_id=self.host_id, kv_dtype=r.config.kv_dtype,
+            role=self.role, kv_layout=self.kv_layout, host_id=self.host_id, host=socket.gethostname(), kv_dtype=r.config.kv_dtype,
         )
 
     async def start(self, bus: Bus) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from dataclasses import dataclass
 
@@ -25,6 +26,10 @@ class SchedulerConfig:
     lease_s: float = 5.0
     liveness_s: float = WORKER_LIVENESS_S
     forward_timeout: float = 300.0
+    # a free worker is adopted at once by a scheduler on its host that drives none yet; others
+    # wait (so the local, then the least busy scheduler wins the race for it)
+    foreign_delay_s: float = 2.0  # the worker is on another host
+    busy_delay_s: float = 1.0  # per worker this scheduler already drives
 
 
 class Adopter:
@@ -36,6 +41,8 @@ class Adopter:
         self.id = ctx.config.instance
         self.sessions: dict[str, WorkerSession] = {}
         self._adopting: set[str] = set()
+        self._free_since: dict[str, float] = {}  # worker -> when first seen free
+        self.host = socket.gethostname()
 
     async def start(self) -> None:
         await self.ctx.bus.subscribe(
@@ -57,7 +64,10 @@ class Adopter:
             if info.adopted_by != self.id:
                 await self._drop(session, f"worker now adopted by {info.adopted_by}")
             return
-        if info.adopted_by not in (None, self.id) or info.worker_id in self._adopting:
+        if info.adopted_by not in (None, self.id):
+            self._free_since.pop(info.worker_id, None)
+            return
+        if info.worker_id in self._adopting or not self._my_turn(info):
             return
         if self.config.max_workers and len(self.sessions) >= self.config.max_workers:
             return
@@ -66,6 +76,16 @@ class Adopter:
             await self._adopt(info.worker_id)
         finally:
             self._adopting.discard(info.worker_id)
+
+    def _my_turn(self, info: WorkerInfo) -> bool:
+        """Whether this scheduler has waited its share for a free worker (see the delays)."""
+        if info.adopted_by == self.id:
+            return True
+        now = time.monotonic()
+        since = self._free_since.setdefault(info.worker_id, now)
+        foreign = bool(info.host) and info.host != self.host
+        wait = self.config.foreign_delay_s * foreign + self.config.busy_delay_s * len(self.sessions)
+        return now - since >= wait
 
     async def _adopt(self, worker_id: str) -> None:
         request = AdoptRequest(scheduler_id=self.id, lease_s=self.config.lease_s)
@@ -81,6 +101,7 @@ class Adopter:
             self.config.lease_s, self.config.forward_timeout,
         )
         self.sessions[worker_id] = session
+        self._free_since.pop(worker_id, None)
         await session.start()
         self._update_detail()
 
