@@ -416,26 +416,18 @@ class LocalStack:
                 self._brokers[0].popen = self.nats.start().proc
 
     def stop(self) -> None:
-        """Stop in order: no more restarts, the services (SIGTERM, then SIGKILL after
-        ``stop_timeout_s``), the span receiver, the broker."""
+        """Stop in order: no more restarts, the gateways, then the other services (each group:
+        SIGTERM, then SIGKILL after ``stop_timeout_s``), the span receiver, the broker."""
         self._stopping.set()
         with self._lock:  # NOTE: waits out a restart in progress; none starts after this
             pass
         if self._supervisor is not None:
             self._supervisor.join(timeout=5)
             self._supervisor = None
-        for proc in reversed(self.procs):
-            if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.config.stop_timeout_s
-        for proc in reversed(self.procs):
-            try:
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
-            if proc.popen.returncode not in (0, None) and proc.due is None and not proc.failed:
-                self.progress(f"radixmesh: {proc.name} {_exit_text(proc.popen.returncode)} while stopping")
+        # NOTE: the gateways first, while everything behind them still runs: their open
+        # requests finish (or end with a final event) before the rest stops
+        self._terminate([p for p in self.procs if p.service == "gateway"])
+        self._terminate([p for p in self.procs if p.service != "gateway"])
         self.procs.clear()
         if self.spans is not None:  # NOTE: after the services, which flush spans at exit
             self.spans.stop()
@@ -447,6 +439,21 @@ class LocalStack:
             node.stop()
         self._nodes, self._brokers, self.nats = [], [], None
         (self.config.log_dir / STATE_FILE).unlink(missing_ok=True)
+
+    def _terminate(self, procs: list[_Proc]) -> None:
+        """SIGTERM ``procs``, then SIGKILL those still running after ``stop_timeout_s``."""
+        for proc in reversed(procs):
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.stop_timeout_s
+        for proc in reversed(procs):
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+            if proc.popen.returncode not in (0, None) and proc.due is None and not proc.failed:
+                self.progress(f"radixmesh: {proc.name} {_exit_text(proc.popen.returncode)} while stopping")
 
     def __enter__(self) -> LocalStack:
         return self.start()

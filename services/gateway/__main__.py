@@ -22,6 +22,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m services.gateway", description=__doc__)
     parser.add_argument("--host", default=env("RADIXMESH_GATEWAY_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(env("RADIXMESH_GATEWAY_PORT", "8000")))
+    parser.add_argument("--drain-s", type=float, default=_env("--drain-s", 10.0, float),
+                        help="asked to stop (SIGTERM, Ctrl-C): open requests may finish this long, "
+                             "then those left end with a final 503 event; no new connection is taken")
     parser.add_argument("--reuse-port", action="store_true",
                         help="share --port with other gateway processes (SO_REUSEPORT: the kernel "
                              "spreads connections over them); radixmesh up --gateways N sets it")
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
                     args.request_deadline)
     settings = GatewaySettings(name, aliases, None, args.max_body_bytes, args.keyring, limits)
     pipeline_cfg = PipelineConfig(request_timeout=args.request_timeout, bus_timeout=args.bus_timeout)
-    server_cfg = ServerConfig(args.host, args.port, reuse_port=args.reuse_port)
+    server_cfg = ServerConfig(args.host, args.port, graceful_shutdown_s=args.drain_s, reuse_port=args.reuse_port)
     body = gateway_body(settings, pipeline_cfg, server_cfg, worker_model=served_name(args.model),
                         model_path=str(model_path(args.model)))
     event_loop.run(run_service("gateway", config, body))

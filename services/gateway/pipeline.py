@@ -156,6 +156,13 @@ class Pipeline:
                 self.arrivals.note(item)
                 queue.put_nowait(item)
 
+    def end_open(self) -> int:
+        """End every open request with a final 503 (the gateway is stopping); how many."""
+        gens = [gen for gen in self._live if not gen.finished]
+        for gen in gens:
+            gen.lost(ServiceError("shutting_down", "the gateway is stopping; retry the request", 503))
+        return len(gens)
+
     async def _watch_stalls(self) -> None:
         """Resume requests whose output was lost with nothing after it (a lost final delta)."""
         while True:

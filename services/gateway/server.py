@@ -7,6 +7,7 @@ import contextlib
 import logging
 import socket
 from dataclasses import dataclass
+from typing import Callable
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -22,13 +23,14 @@ from .routes import GatewaySettings
 from .utility import ServerInfo, public_config
 
 log = logging.getLogger("radixmesh.gateway")
+END_MARGIN_S = 2.0  # after end_open(): time for the final events to go out before uvicorn cancels
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    graceful_shutdown_s: float = 5.0
+    graceful_shutdown_s: float = 10.0  # asked to stop: open requests may finish this long
     reuse_port: bool = False  # several gateway processes share the port (the kernel spreads connections)
 
 
@@ -57,12 +59,17 @@ def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
-async def serve_http(ctx: ServiceContext, app, server_cfg: ServerConfig, log_level: str) -> str:
-    """Start uvicorn as a task of this loop; stopping ``ctx`` stops it. Returns the URL."""
+async def serve_http(ctx: ServiceContext, app, server_cfg: ServerConfig, log_level: str,
+                     end_open: Callable[[], int] = lambda: 0) -> str:
+    """Start uvicorn as a task of this loop; stopping ``ctx`` stops it. Returns the URL.
+
+    Stopping takes no new connection and lets open requests finish for ``graceful_shutdown_s``
+    less a margin; then ``end_open()`` ends those left with their final event (a stream's
+    error event and [DONE], a JSON 503), so no response is cut off mid-way."""
     sock = bind(server_cfg.host, server_cfg.port, server_cfg.reuse_port)
     config = uvicorn.Config(
         app, lifespan="off", log_config=None, log_level=log_level.lower(), access_log=False,
-        timeout_graceful_shutdown=server_cfg.graceful_shutdown_s,
+        timeout_graceful_shutdown=server_cfg.graceful_shutdown_s + END_MARGIN_S,
     )
     server = _Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
@@ -71,7 +78,10 @@ async def serve_http(ctx: ServiceContext, app, server_cfg: ServerConfig, log_lev
 
     async def shutdown() -> None:
         server.should_exit = True
-        await asyncio.wait((task,))
+        done, _ = await asyncio.wait((task,), timeout=server_cfg.graceful_shutdown_s)
+        if not done:
+            log.warning("stopping: %d open requests end now, before their output did", end_open())
+            await asyncio.wait((task,))
         sock.close()
 
     ctx.stack.push_async_callback(shutdown)
@@ -107,7 +117,7 @@ def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server
                           public_config(settings, pipeline_cfg, server_cfg), admin.workers)
         app = create_app(pipeline, settings, BusHealth(ctx.bus, ctx.subjects, loads=pipeline.loads),
                          admin.flush, MetricsPage(registry, cluster), info)
-        url = await serve_http(ctx, app, server_cfg, ctx.config.log_level)
+        url = await serve_http(ctx, app, server_cfg, ctx.config.log_level, pipeline.end_open)
         ctx.detail.update(url=url, model=settings.served_model_name)
         ctx.probes["requests"] = lambda: str(pipeline.submitted)
         log.info("gateway listening on %s (model %s)", url, settings.served_model_name)

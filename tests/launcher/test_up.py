@@ -200,12 +200,27 @@ async def store_puts(client: httpx.AsyncClient, tokens: int, limit: float = 60) 
         await asyncio.sleep(0.25)
 
 
-def test_ctrl_c_stops_services_then_the_broker_and_exits_0(up):
+async def test_ctrl_c_drains_the_gateway_then_stops_services_then_the_broker_and_exits_0(up):
     children = up.children()
     assert {"nats-server", "gateway", "scheduler", "tokenizer", "cache_index"} <= set(children)
     conf = Path(os.environ.get("TMPDIR", "/tmp")) / f"radixmesh-nats-{up.nats_port}.conf"
     assert conf.exists() and (up.log_dir / "stack.json").exists()
-    assert up.ctrl_c() == 0, up.output()
+    # NOTE: a stream and a plain request too long to finish within the gateway's drain
+    long = {"max_tokens": 512, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=up.url, timeout=120) as client:
+        started = asyncio.Event()
+        streamed = asyncio.create_task(chat(client, QUESTIONS[0], started=started, **long))
+        plain = asyncio.create_task(client.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": QUESTIONS[1]}], "temperature": 0, **long}))
+        await asyncio.wait_for(started.wait(), 60)
+        code = await asyncio.to_thread(up.ctrl_c)
+        streamed, plain = await streamed, await plain
+    assert code == 0, up.output()
+    # every response ends whole: the stream with one final event, the plain one with JSON
+    assert len(streamed.finishes) + len(streamed.errors) == 1, streamed
+    assert streamed.finishes == ["length"] or streamed.errors[0]["code"] == "shutting_down", streamed
+    assert plain.status_code in (200, 503) and "choices" in plain.json() or \
+        plain.json()["error"]["code"] == "shutting_down", plain.text
     output = up.output()
     assert "Traceback" not in output
     stopping = output.index("radixmesh: stopping")
@@ -216,6 +231,7 @@ def test_ctrl_c_stops_services_then_the_broker_and_exits_0(up):
     for log in up.log_dir.glob("*.log"):
         assert "Traceback" not in log.read_text(errors="replace"), log
     services = [log for log in up.log_dir.glob("*.log") if log.stem not in ("nats-server", "mooncake_master")]
-    assert len(services) == 6 and all(" stopping" in log.read_text() for log in services)
+    # two schedulers with two workers: cache_index, tokenizer, 2 schedulers, 2 workers, gateway
+    assert len(services) == 7 and all(" stopping" in log.read_text() for log in services)
     assert (up.log_dir / "mooncake_master.log").exists() == (STORE == "mooncake")
 
