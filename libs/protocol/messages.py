@@ -515,6 +515,7 @@ class WorkerInfo(Base, tag="worker_info.v1"):
     kv_layout: str = ""
     host_id: str = ""
     host: str = ""  # the worker's hostname: schedulers prefer workers on their own host
+    leaving: bool = False  # its last announce: it stops now (its requests move at once)
     kv_dtype: str = ""  # its KV pool's dtype ("": dtype's); names its pages in the shared store
 
     @property

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from libs.protocol import Bus, Subjects
-from libs.protocol.messages import Ping, Pong, WorkersReply, WorkersRequest
+from libs.protocol.messages import Ping, Pong, WorkerInfo, WorkersReply, WorkersRequest
 
 if TYPE_CHECKING:
     from .fallback import LoadView
@@ -41,6 +41,18 @@ class BusHealth:
         self.forget_s = forget_s
         self.clock = clock
         self._seen: dict[str, float] = {}  # worker id -> when a check last saw it
+        self._left: set[str] = set()  # workers that said they stop: not lost
+
+    async def watch(self) -> None:
+        """Hear workers that stop on purpose (their last announce), so they are not reported lost."""
+        async def on_announce(info: WorkerInfo) -> None:
+            if info.leaving:
+                self._left.add(info.worker_id)
+                self._seen.pop(info.worker_id, None)
+            else:  # NOTE: back (a restart under its id): watched again
+                self._left.discard(info.worker_id)
+
+        await self.bus.subscribe(self.subjects.worker_announce(), on_announce, WorkerInfo)
 
     async def __call__(self) -> HealthReport:
         if not self.bus.nc.is_connected:
@@ -85,5 +97,5 @@ class BusHealth:
         self._seen = {w: t for w, t in self._seen.items() if now - t <= self.forget_s}
         lost = [f"worker {w}: gone since a check {now - t:.0f}s ago (restarting or removed)"
                 for w, t in sorted(self._seen.items()) if w not in workers]
-        self._seen.update(dict.fromkeys(workers, now))
+        self._seen.update(dict.fromkeys(set(workers) - self._left, now))
         return lost

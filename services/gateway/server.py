@@ -115,7 +115,9 @@ def gateway_body(settings: GatewaySettings, pipeline_cfg: PipelineConfig, server
         admin = CacheAdmin(ctx.bus, ctx.subjects)
         info = ServerInfo(model_path or settings.served_model_name,
                           public_config(settings, pipeline_cfg, server_cfg), admin.workers)
-        app = create_app(pipeline, settings, BusHealth(ctx.bus, ctx.subjects, loads=pipeline.loads),
+        health = BusHealth(ctx.bus, ctx.subjects, loads=pipeline.loads)
+        await health.watch()
+        app = create_app(pipeline, settings, health,
                          admin.flush, MetricsPage(registry, cluster), info)
         url = await serve_http(ctx, app, server_cfg, ctx.config.log_level, pipeline.end_open)
         ctx.detail.update(url=url, model=settings.served_model_name)

@@ -8,6 +8,7 @@ import logging
 import socket
 import time
 
+import msgspec
 import torch
 from opentelemetry import trace
 from prometheus_client import Histogram
@@ -94,6 +95,11 @@ class WorkerService:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            # NOTE: said, not left to the lease's lapse: its requests move now, and the
+            # gateways do not count it as lost
+            with contextlib.suppress(Exception):
+                await self._bus.publish(self.subjects.worker_announce(),
+                                        msgspec.structs.replace(self.info(), leaving=True))
         self.compute.shutdown()
 
     async def _announce_loop(self) -> None:

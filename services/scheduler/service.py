@@ -59,6 +59,11 @@ class Adopter:
 
     async def _on_announce(self, info: WorkerInfo) -> None:
         session = self.sessions.get(info.worker_id)
+        if info.leaving:
+            self._free_since.pop(info.worker_id, None)
+            if session is not None:
+                await self._drop(session, "the worker is stopping")
+            return
         if session is not None:
             session.last_seen = time.monotonic()
             if info.adopted_by != self.id:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
-from libs.protocol.messages import LoadReport, Ping, Pong, WorkerSummary, WorkersReply, WorkersRequest
+from libs.protocol.messages import LoadReport, Ping, Pong, WorkerInfo, WorkerSummary, WorkersReply, WorkersRequest
 from services.gateway.app import create_app
 from services.gateway.fallback import LoadView
 from services.gateway.health import BusHealth, HealthReport
@@ -129,6 +131,25 @@ async def test_health_is_degraded_while_a_worker_is_gone_and_ok_once_it_is_back(
         assert (await client.get("/health")).json()["status"] == "ok"
         workers.clear()  # no worker at all: down
         assert (await client.get("/health")).status_code == 503
+
+
+async def test_a_worker_that_said_it_stops_is_not_reported_lost(pipeline, bus):
+    subjects = pipeline.subjects
+    health = BusHealth(bus, subjects, timeout=0.3, forget_s=60)
+    await health.watch()
+    app = create_app(pipeline, GatewaySettings("m"), health)
+    workers = [_summary("w1"), _summary("w2")]
+    await _answer_health(bus, subjects, workers)
+    async with _client(app) as client:
+        assert (await client.get("/health")).json()["status"] == "ok"
+        leaving = WorkerInfo(worker_id="w2", model="m", kv_slots=1, max_requests=1, max_model_len=1,
+                             vocab_size=1, eos_token_ids=[], dtype="float32", leaving=True)
+        await bus.publish(subjects.worker_announce(), leaving)
+        await bus.nc.flush()
+        await asyncio.sleep(0.1)
+        assert (await client.get("/health")).json()["status"] == "ok"  # still listed: fine
+        workers.pop()  # the index dropped it
+        assert (await client.get("/health")).json() == {"status": "ok", "tokenizer": "tok-1", "workers": 1}
 
 
 async def test_health_is_degraded_when_only_the_gateways_own_load_view_has_workers(pipeline, bus):
