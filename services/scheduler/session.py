@@ -18,6 +18,7 @@ from libs.protocol.messages import (
     StreamStatusRequest, SubmitReply, SubmitRequest, WorkerInfo,
 )
 
+from . import metrics
 from .config import CoreConfig
 from .core import SchedulerCore
 from .disagg import remote_eligible
@@ -93,6 +94,7 @@ class WorkerSession:
         self.driver.fail_all(ErrorInfo(code="worker_lost", status=503,
                                      message=f"worker {self.worker_id} lost: {reason}"))
         self.link.close()
+        metrics.forget_worker(self.worker_id, self.info.role, self.info.model)
         await self.driver.flush()
         with contextlib.suppress(Exception):
             await self.bus.publish(self.subjects.index_load(self.worker_id),
@@ -211,7 +213,10 @@ class WorkerSession:
         subject = self.subjects.index_load(self.worker_id)
         while True:
             try:
-                await self.bus.publish(subject, self._load_report())
+                report = self._load_report()
+                metrics.report_worker(self.worker_id, self.info.role, self.info.model, report.waiting,
+                                      report.running)
+                await self.bus.publish(subject, report)
             except Exception as exc:  # noqa: BLE001 - the broker may be away: next tick
                 log.info("load report of %s not sent: %s", self.worker_id, exc)
             await asyncio.sleep(LOAD_INTERVAL_S)
