@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from dataclasses import replace
 
 from nats.aio.client import Client
 from nats.errors import ConnectionClosedError, ConnectionDrainingError, ConnectionReconnectingError, NoRespondersError
@@ -92,6 +93,13 @@ class JetStreamStore(PageStore):
             raise StoreUnavailable(f"JetStream did not answer ({type(exc).__name__}): is it enabled "
                                    "on the broker (nats-server -js)?") from None
         except APIError as exc:
+            if config.num_replicas > 1 and exc.err_code != _STREAM_IN_USE:
+                # NOTE: fewer nodes than replicas (a node per advertised URL overcounts hosts
+                # with several addresses): one copy serves; the next open asks for R3 again
+                log.warning("bucket %s: %s replicas refused (%s); keeping one", self.bucket,
+                            config.num_replicas, exc)
+                await self._ensure_stream(replace(config, num_replicas=1))
+                return
             if not isinstance(exc, BadRequestError) or exc.err_code != _STREAM_IN_USE:
                 raise StoreError(f"JetStream refused the stream of bucket {self.bucket}: {exc}") from None
         have = (await jsm.stream_info(self.stream)).config

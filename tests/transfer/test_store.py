@@ -163,3 +163,8 @@ async def test_concurrent_calls_share_one_bound_on_gets_in_flight(nc, pool):
     got = await asyncio.gather(*(store.batch_get(keys) for _ in range(4)))
     assert got == [values] * 4
     assert CountingStore.peak == 3
+
+
+async def test_more_replicas_than_nodes_falls_back_to_one_copy(nc, pool):
+    store = await _open(nc, pool, replicas=3)  # one node: R3 cannot be placed
+    assert (await store.js.stream_info(store.stream)).config.num_replicas == 1
