@@ -530,6 +530,7 @@ class AdoptRequest(Base, tag="adopt.v1"):
 
 class LeaseRenew(Base, tag="lease.v1"):
     scheduler_id: str
+    release: bool = False  # end the adoption now (a scheduler stopping): another may adopt at once
 
 
 class NewRow(Base, array_like=True):

@@ -51,6 +51,12 @@ class Adoption:
             raise ServiceError("not_adopted", f"worker is not adopted by {scheduler_id!r}", 409)
         self._deadline = self._clock() + self._lease_s
 
+    def release(self, scheduler_id: str) -> None:
+        """The owner lets go (it is stopping): free at once, a new epoch."""
+        self.renew(scheduler_id)
+        self.owner = None
+        self.epoch += 1
+
     def require_owner(self, owner: str = "", epoch: int = -1) -> None:
         """A step may run: the worker is adopted and, where the step names its sender
         (``owner``, ``epoch``), by that scheduler in this very adoption. A scheduler that lost

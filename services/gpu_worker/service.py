@@ -126,7 +126,13 @@ class WorkerService:
         return self.info()
 
     async def _on_lease(self, msg: LeaseRenew) -> WorkerInfo:
-        self.adoption.renew(msg.scheduler_id)
+        if not msg.release:
+            self.adoption.renew(msg.scheduler_id)
+            return self.info()
+        self.adoption.release(msg.scheduler_id)
+        log.info("released by %s (epoch %d)", msg.scheduler_id, self.adoption.epoch)
+        self._update_detail()
+        await self._announce()  # NOTE: free now: the next scheduler need not wait for an announce
         return self.info()
 
     async def _on_prepare(self, msg: PrepareRegex) -> None:

@@ -54,7 +54,7 @@ class Adopter:
 
     async def close(self) -> None:
         for session in list(self.sessions.values()):
-            await session.close("scheduler stopping")
+            await session.close("scheduler stopping", code="scheduler_lost")
         self.sessions.clear()
 
     async def _on_announce(self, info: WorkerInfo) -> None:

@@ -78,7 +78,9 @@ class WorkerSession:
         ]
         log.info("driving worker %s (%d KV slots)", w, self.info.kv_slots)
 
-    async def close(self, reason: str) -> None:
+    async def close(self, reason: str, code: str = "worker_lost") -> None:
+        """Stop driving the worker; its requests end with ``code`` (``scheduler_lost``: the
+        worker is fine, they may resume on it under another scheduler)."""
         if self.closed.is_set():
             return
         self.closed.set()
@@ -91,11 +93,16 @@ class WorkerSession:
         for task in self._tasks:
             if task is not current:
                 task.cancel()
-        self.driver.fail_all(ErrorInfo(code="worker_lost", status=503,
-                                     message=f"worker {self.worker_id} lost: {reason}"))
+        self.driver.fail_all(ErrorInfo(code=code, status=503,
+                                     message=f"worker {self.worker_id} released: {reason}"))
         self.link.close()
         metrics.forget_worker(self.worker_id, self.info.role, self.info.model)
         await self.driver.flush()
+        if code == "scheduler_lost":  # NOTE: stopping on purpose: hand the worker back now
+            with contextlib.suppress(Exception):
+                await self.bus.request(self.subjects.worker_lease(self.worker_id),
+                                       LeaseRenew(scheduler_id=self.scheduler_id, release=True),
+                                       WorkerInfo, timeout=1.0)
         with contextlib.suppress(Exception):
             await self.bus.publish(self.subjects.index_load(self.worker_id),
                                    self._load_report(alive=False))

@@ -72,3 +72,16 @@ def test_a_step_from_a_stale_owner_or_an_old_adoption_is_refused():
             a.require_owner(owner, epoch)
         assert (err.value.code, err.value.status) == ("stale_owner", 409)
     a.require_owner("s2", 1)
+
+
+def test_the_owner_releases_and_another_adopts_at_once():
+    a = Adoption(Clock())
+    a.adopt("s1", 30.0)
+    with pytest.raises(ServiceError):
+        a.release("s2")  # only the owner may
+    a.release("s1")
+    assert (a.owner, a.epoch) == (None, 1)
+    a.adopt("s2", 30.0)
+    with pytest.raises(ServiceError) as err:
+        a.require_owner("s1", 0)
+    assert err.value.code == "stale_owner"
