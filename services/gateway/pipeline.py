@@ -42,6 +42,7 @@ from .tokenizers import TokenizerView
 
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
 
+EXCLUDED_RETRY_S = 1.0
 log = logging.getLogger("radixmesh.gateway.pipeline")
 _tracer = trace.get_tracer("radixmesh.gateway")
 
@@ -274,7 +275,8 @@ class Pipeline:
                 "broker_unavailable": self.config.broker_wait}.get(code, self.config.resume_wait)
         # NOTE: a lost host takes workers, tokenizers and schedulers together: even a resume
         # that avoids the lost worker retries while the others' loss is noticed
-        deadline = time.monotonic() + (self.config.resume_wait if exclude else wait)
+        began = time.monotonic()
+        deadline = began + (self.config.resume_wait if exclude else wait)
         while True:
             rid = uuid.uuid4().hex
             try:
@@ -285,8 +287,10 @@ class Pipeline:
                 if exc.status not in (503, 504):
                     raise
                 # NOTE: 504: a request went to a member of a queue group not yet known lost;
-                # a 503 with no worker left to avoid the lost one is final at once
-                if time.monotonic() < deadline and (exc.status == 504 or not exclude):
+                # a 503 with no worker left to avoid the lost one is final within a second
+                # (a replica of the index may be a report behind the others)
+                now = time.monotonic()
+                if now < deadline and (exc.status == 504 or not exclude or now - began < EXCLUDED_RETRY_S):
                     await asyncio.sleep(0.25)
                     continue
                 lost = ("its tokenizer was lost" if code == "tokenizer_lost"

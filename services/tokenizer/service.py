@@ -76,10 +76,12 @@ class TokenizerService:
     async def start(self) -> None:
         s, bus, me = self.ctx.subjects, self.ctx.bus, self.ctx.config.instance
         self.ctx.stack.callback(self.pool.close)
-        await bus.subscribe(
+        encode = await bus.subscribe(
             s.tokenizer_encode(), self._on_encode, EncodeRequest,
             queue=TOKENIZER_QUEUE, concurrent=True,
         )
+        # NOTE: stopping, it leaves the queue group first: no encode reaches a closed pool
+        self.ctx.stack.push_async_callback(encode.unsubscribe)
         # NOTE: detok is not concurrent: steps of a request must be handled in order.
         await bus.subscribe(s.tokenizer_detok(me), self._on_detok, DetokBatch | DetokRelease)
         sweeper = asyncio.create_task(self._sweep_loop(), name="detok-sweep")
