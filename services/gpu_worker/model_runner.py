@@ -10,13 +10,14 @@ import numpy as np
 import torch
 
 from libs.grammar.token_texts import token_texts
-from libs.kernels import AttentionMetadata, KVPool, default_backend, get_backend
+from libs.kernels import AttentionMetadata, BackendNotAvailable, KVPool, default_backend, get_backend
 from libs.protocol.errors import invalid_request
 from libs.protocol.messages import ForwardBatch
 
 from .batch import Limits, LogprobPlan, StepArrays, parse_batch, parse_logprobs
 from .kv.copy import KVCopier
 from .models.compiled import DEFAULT_SIZES, CompiledStep
+from .models.features import UnsupportedModel
 from .models.registry import load_model
 from .models.precision import DTYPES, resolve_dtype, resolve_kv_dtype
 from .sampling.constraints import Constraints
@@ -89,6 +90,7 @@ class ModelRunner:
         if backend == "auto":
             backend = default_backend(self.device, kv_dtype)
         self.attn = get_backend(backend, self.kv, dtype=DTYPES[config.dtype])
+        self._set_windows(mc.sliding_windows)
         self.compiled = CompiledStep(self.model, self.attn, config.compile_sizes, config.compile_ops) if config.compile else None
         # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]
         self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)
@@ -102,6 +104,17 @@ class ModelRunner:
         self.limits = Limits(config.max_requests, self.max_model_len, config.kv_slots, mc.vocab_size)
         self.thread_chooser = (ThreadChooser(config.threads) if config.adaptive_threads and config.threads > 1
                                and self.device.type == "cpu" else None)
+
+    def _set_windows(self, windows: tuple[int | None, ...]) -> None:
+        """The layers' sliding windows, those that bind within max_model_len, on the backend;
+        UnsupportedModel where the backend has none (served wrong otherwise past the window)."""
+        windows = tuple(w if w and w < self.max_model_len else None for w in windows)
+        try:
+            self.attn.set_windows(windows)
+        except BackendNotAvailable as e:
+            w = min(filter(None, windows))
+            raise UnsupportedModel(f"{self.path}: sliding_window={w} binds (max_model_len {self.max_model_len}) and "
+                                   f"{e}: serve it with --attention-backend torch, or --max-model-len {w}") from e
 
     @property
     def vocab_size(self) -> int:

@@ -28,7 +28,8 @@ class LlamaModel:
     """
 
     # what this family implements of a config (features.py); the rest is refused at start
-    FEATURES = frozenset({"act:silu", *(f"rope:{t}" for t in ROPE_TYPES)})
+    # (a sliding window: on the backends that have one, ModelRunner checks)
+    FEATURES = frozenset({"act:silu", "sliding_window", *(f"rope:{t}" for t in ROPE_TYPES)})
     # NOTE: the C++ decode loop (layer_loop.cpp) hard-codes this layer: a family that changes the
     # layer opts out, and so does a config using a feature the loop lacks
     FAST_DECODE_LOOP = True

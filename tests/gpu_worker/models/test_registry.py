@@ -24,8 +24,6 @@ REFUSED = [  # (architecture, config overrides, words the error must hold)
     ("llama", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
                                     "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}),
      "rope_parameters.rope_type='longrope'"),
-    ("qwen2", dict(use_sliding_window=True, sliding_window=16, max_window_layers=1), "sliding_window=16"),
-    ("mistral", dict(sliding_window=32), "sliding_window=32"),
 ]
 
 
@@ -72,6 +70,20 @@ def test_architectures_not_served_are_refused_with_a_reason(tmp_path, arch, reas
 def test_windows_that_never_bind_are_served(tmp_path, overrides):
     write("qwen2", tmp_path, **overrides)
     assert not any(load_model(tmp_path).config.sliding_windows)
+
+
+@pytest.mark.parametrize("arch,overrides", [("mistral", dict(sliding_window=32)),
+                                            ("qwen2", dict(use_sliding_window=True, sliding_window=32, max_window_layers=1))])
+def test_a_window_that_binds_is_refused_on_backends_without_windows(tmp_path, arch, overrides):
+    write(arch, tmp_path, **overrides)
+    config = dict(model=str(tmp_path), kv_slots=256, max_requests=2, dtype="float32", attention_backend="cpu")
+    with pytest.raises(UnsupportedModel, match=r"sliding_window=32 binds .*--attention-backend torch"):
+        ModelRunner(RunnerConfig(**config))
+    runner = ModelRunner(RunnerConfig(**config, max_model_len=32))  # NOTE: a context the window covers
+    assert not any(runner.attn.windows)
+    windowed = ModelRunner(RunnerConfig(**{**config, "attention_backend": "torch"}))
+    assert windowed.attn.windows == ((32, 32) if arch == "mistral" else (None, 32))
+    assert not windowed.model.fast_decode_loop  # NOTE: the C++ decode loop has no window
 
 
 def test_unused_checkpoint_tensors_are_refused(tmp_path):
