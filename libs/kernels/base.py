@@ -75,6 +75,7 @@ class AttentionBackend(ABC):
     name: str = ""
     ops: ModuleType = torch_ops
     mixed_kv: bool = False
+    sliding_window: bool = False  # whether it attends within per-layer windows (``set_windows``)
 
     def __init__(self, kv: KVPool, scale: float | None = None, dtype: torch.dtype | None = None) -> None:
         self.check_available(kv.device, kv.dtype)
@@ -86,6 +87,17 @@ class AttentionBackend(ABC):
         self.kv = kv
         self.scale = scale if scale is not None else kv.head_dim**-0.5
         self.capture_sizes: list[int] = []  # see init_capture
+        self.windows: tuple[int | None, ...] = ()  # per layer: the keys a query sees at most, None: all
+
+    def set_windows(self, windows: tuple[int | None, ...]) -> None:
+        """Layer i's queries attend to the ``windows[i]`` latest keys (their own included), as HF's
+        sliding-window mask does; raises BackendNotAvailable where this backend has no windows."""
+        if any(windows) and not self.sliding_window:
+            raise BackendNotAvailable(f"the {self.name} attention backend has no sliding-window attention")
+        self.windows = tuple(windows)
+
+    def window(self, layer: int) -> int | None:
+        return self.windows[layer] if layer < len(self.windows) else None
 
     @classmethod
     def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:

@@ -50,6 +50,7 @@ class _Rows:
 class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
     ops = cpu_ops
+    sliding_window = False  # NOTE: the C++ kernels attend to every key: the torch backend has windows
 
     def __init__(self, kv, scale=None, dtype=None) -> None:
         super().__init__(kv, scale, dtype)

@@ -33,6 +33,7 @@ class _Decode:
 class CpuV1AttentionBackend(TorchAttentionBackend):
     name = "cpu_v1"
     mixed_kv = False
+    sliding_window = False  # NOTE: the C++ kernels attend to every key: the torch backend has windows
 
     def __init__(self, kv, scale=None, dtype=None) -> None:
         super().__init__(kv, scale, dtype)

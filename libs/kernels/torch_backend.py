@@ -3,7 +3,8 @@
 Decode rows (one new token) are handled together: their slot rows are gathered
 once per step into a head-major index, so each layer does one ``index_select``
 per pool and two batched matmuls. Extend rows (several new tokens) go through
-``scaled_dot_product_attention`` one request at a time.
+``scaled_dot_product_attention`` one request at a time. Sliding windows (``set_windows``) are
+one more mask per distinct window, built per step like the causal one.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .base import AttentionBackend, AttentionMetadata
 class _DecodePlan:
     tokens: torch.Tensor | None  # [Bd] positions in the token axis; None: every token
     gather_idx: torch.Tensor  # [Bd * kv_heads * L] rows of the pool viewed as [S * kv_heads, D]
-    mask: torch.Tensor  # [Bd, 1, 1, L] additive, float32
+    masks: dict  # window (None: none) -> [Bd, 1, 1, L] additive, float32
     k_buf: torch.Tensor  # [Bd * kv_heads * L, D] reused by every layer
     v_buf: torch.Tensor
     batch: int
@@ -33,12 +34,13 @@ class _ExtendPlan:
     start: int
     length: int
     slots: torch.Tensor | None  # [seq_len] when a cached prefix exists
-    mask: torch.Tensor | None  # [length, seq_len] bool; None: plain causal, no prefix
+    masks: dict  # window (None: none) -> [length, seq_len] bool, or None: plain causal, no prefix
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     mixed_kv = True  # a bf16 pool's rows are widened where they are gathered
+    sliding_window = True
 
     def __init__(self, kv, scale=None, dtype=None) -> None:
         super().__init__(kv, scale, dtype)
@@ -74,10 +76,14 @@ class TorchAttentionBackend(AttentionBackend):
         slots = torch.where(valid, table, table[:, :1])
         head = torch.arange(heads, device=device)
         gather_idx = (slots[:, None, :] * heads + head[None, :, None]).reshape(-1)
-        mask = torch.zeros(len(idx), 1, 1, max_len, device=device)
-        mask.masked_fill_(~valid[:, None, None, :], float("-inf"))
+        masks = {}
+        for w in {None, *self.windows}:
+            # NOTE: the query sits at position len - 1 and sees keys past len - 1 - window
+            seen = valid if w is None else valid & (torch.arange(max_len, device=device) >= lens[:, None] - w)
+            masks[w] = torch.zeros(len(idx), 1, 1, max_len, device=device)
+            masks[w].masked_fill_(~seen[:, None, None, :], float("-inf"))
         k_buf, v_buf = self._gather_buffers(gather_idx.numel())
-        return _DecodePlan(tokens, gather_idx, mask, k_buf, v_buf, len(idx), max_len)
+        return _DecodePlan(tokens, gather_idx, masks, k_buf, v_buf, len(idx), max_len)
 
     def _gather_buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of grow-only buffers, so steady decoding allocates nothing per step."""
@@ -89,15 +95,15 @@ class TorchAttentionBackend(AttentionBackend):
         return self._bufs[0][:rows], self._bufs[1][:rows]
 
     def _plan_extend(self, meta: AttentionMetadata, i: int, start: int, n: int, seq: int) -> _ExtendPlan:
-        prefix = seq - n
-        if prefix == 0:
-            return _ExtendPlan(start, n, None, None)
-        device = self.kv.device
-        slots = meta.slot_table[meta.rows[i], :seq]
-        # query j sits at absolute position prefix + j and sees keys 0 .. prefix + j
+        prefix, device = seq - n, self.kv.device
+        slots = meta.slot_table[meta.rows[i], :seq] if prefix else None
+        # query j sits at absolute position prefix + j and sees keys 0 .. prefix + j (the last
+        # ``window`` of them under a window)
         q_pos = torch.arange(prefix, seq, device=device)[:, None]
-        mask = torch.arange(seq, device=device)[None, :] <= q_pos
-        return _ExtendPlan(start, n, slots, mask)
+        k_pos = torch.arange(seq, device=device)[None, :]
+        masks = {w: None if w is None and not prefix else (k_pos <= q_pos) & (k_pos > q_pos - (w or seq + 1))
+                 for w in {None, *self.windows}}
+        return _ExtendPlan(start, n, slots, masks)
 
     # -- per layer ----------------------------------------------------------
 
@@ -130,7 +136,7 @@ class TorchAttentionBackend(AttentionBackend):
         if keys.dtype != torch.float32:  # NOTE: logits and sums in float32, as the fused kernels do
             qg, keys, values = qg.float(), keys.float(), values.float()
         scores = torch.matmul(qg, keys.transpose(-1, -2))
-        scores.mul_(self.scale).add_(plan.mask)
+        scores.mul_(self.scale).add_(plan.masks[self.window(layer)])
         probs = torch.softmax(scores, dim=-1)
         return torch.matmul(probs, values).reshape(b, -1, dim).to(q.dtype)
 
@@ -144,6 +150,6 @@ class TorchAttentionBackend(AttentionBackend):
             vi = self.kv.v[layer].index_select(0, ext.slots).to(q.dtype)
         o = F.scaled_dot_product_attention(
             qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
-            attn_mask=ext.mask, is_causal=ext.mask is None, scale=self.scale, enable_gqa=True,
+            attn_mask=(mask := ext.masks[self.window(layer)]), is_causal=mask is None, scale=self.scale, enable_gqa=True,
         )
         return o[0].transpose(0, 1)

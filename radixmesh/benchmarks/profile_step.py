@@ -27,7 +27,7 @@ import torch
 
 from libs.models import resolve_model
 from services.gpu_worker.model_runner import ModelRunner, RunnerConfig
-from services.gpu_worker.models import model as model_module
+from services.gpu_worker.models import llama as model_module
 
 from .worker_step import bench_decode, bench_prefill
 

@@ -10,14 +10,15 @@ import numpy as np
 import torch
 
 from libs.grammar.token_texts import token_texts
-from libs.kernels import AttentionMetadata, KVPool, default_backend, get_backend
+from libs.kernels import AttentionMetadata, BackendNotAvailable, KVPool, default_backend, get_backend
 from libs.protocol.errors import invalid_request
 from libs.protocol.messages import ForwardBatch
 
 from .batch import Limits, LogprobPlan, StepArrays, parse_batch, parse_logprobs
 from .kv.copy import KVCopier
 from .models.compiled import DEFAULT_SIZES, CompiledStep
-from .models.model import LlamaModel
+from .models.features import UnsupportedModel
+from .models.registry import load_model
 from .models.precision import DTYPES, resolve_dtype, resolve_kv_dtype
 from .sampling.constraints import Constraints
 from .sampling.penalties import Penalties
@@ -34,7 +35,7 @@ class RunnerConfig:
     max_requests: int = 256
     attention_backend: str = "auto"  # auto: torch on CPU; flashinfer, else triton, on CUDA
     device: str = "cpu"
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_model_len: int | None = None  # None: the model's max_position_embeddings (capped by kv_slots)
     host_kv_slots: int = 0  # slots of the host KV pool for d2h/h2d copies (0: none)
     compile: bool = False  # the model's pieces between attention calls compiled (compiled.py)
     compile_sizes: tuple[int, ...] = DEFAULT_SIZES  # token-count buckets of the compiled step
@@ -74,11 +75,14 @@ class ModelRunner:
         self.kv_choice = resolve_kv_dtype(config.kv_dtype, self.dtype_choice)
         self.config = config = replace(config, dtype=self.dtype_choice.name, kv_dtype=self.kv_choice.name)
         self.path = Path(config.model)
-        self.model = LlamaModel(self.path, DTYPES[config.dtype], self.device,
-                                 pack=config.pack_weights and not config.compile, kernel=config.linear_kernel,
-                                 bf16_weights=self.dtype_choice.bf16_weights)
+        # NOTE: no sequence outgrows the KV pool: a 131k-context model on a small pool gets a
+        # slot table (and rope tables) sized by the pool, not by max_position_embeddings
+        cap = min(config.max_model_len or config.kv_slots, config.kv_slots)
+        self.model = load_model(self.path, dtype=DTYPES[config.dtype], device=self.device,
+                                pack=config.pack_weights and not config.compile, kernel=config.linear_kernel,
+                                bf16_weights=self.dtype_choice.bf16_weights, max_positions=cap)
         mc = self.model.config
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_model_len = min(cap, mc.max_position_embeddings)
         kv_dtype = DTYPES[config.kv_dtype]
         self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, kv_dtype, self.device)
         self.kv_copies = KVCopier(self.kv, config.host_kv_slots)  # host pool, staging buffers
@@ -86,6 +90,7 @@ class ModelRunner:
         if backend == "auto":
             backend = default_backend(self.device, kv_dtype)
         self.attn = get_backend(backend, self.kv, dtype=DTYPES[config.dtype])
+        self._set_windows(mc.sliding_windows)
         self.compiled = CompiledStep(self.model, self.attn, config.compile_sizes, config.compile_ops) if config.compile else None
         # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]
         self.table = torch.zeros(config.max_requests, self.max_model_len, dtype=torch.int64, device=self.device)
@@ -99,6 +104,17 @@ class ModelRunner:
         self.limits = Limits(config.max_requests, self.max_model_len, config.kv_slots, mc.vocab_size)
         self.thread_chooser = (ThreadChooser(config.threads) if config.adaptive_threads and config.threads > 1
                                and self.device.type == "cpu" else None)
+
+    def _set_windows(self, windows: tuple[int | None, ...]) -> None:
+        """The layers' sliding windows, those that bind within max_model_len, on the backend;
+        UnsupportedModel where the backend has none (served wrong otherwise past the window)."""
+        windows = tuple(w if w and w < self.max_model_len else None for w in windows)
+        try:
+            self.attn.set_windows(windows)
+        except BackendNotAvailable as e:
+            w = min(filter(None, windows))
+            raise UnsupportedModel(f"{self.path}: sliding_window={w} binds (max_model_len {self.max_model_len}) and "
+                                   f"{e}: serve it with --attention-backend torch, or --max-model-len {w}") from e
 
     @property
     def vocab_size(self) -> int:

@@ -1,3 +1,6 @@
-"""The model and its loading: the HF config (config.py), the checkpoint's weights and their
-packed forms (weights.py), the Llama-family model (model.py), a decode step's layers in one
-C++ call (layer_loop.py), the compiled step (compiled.py), ``--dtype``/``--kv-dtype`` (precision.py)."""
+"""The models and their loading: the registry (registry.py: architecture -> model class, lazy),
+one file per family (llama.py: Llama, Mistral, Qwen2; qwen3.py), the layers they share
+(layers.py: rope types, per-head norms), what a config asks and the refusals (features.py), the
+HF config (config.py), the checkpoint's weights and their packed forms (weights.py), a decode
+step's layers in one C++ call for the models that opt in (layer_loop.py), the compiled step
+(compiled.py), ``--dtype``/``--kv-dtype`` (precision.py)."""

@@ -35,7 +35,7 @@ import torch
 from libs.kernels import AttentionBackend, AttentionMetadata
 from libs.kernels import ops as torch_ops
 
-from .model import LlamaModel
+from .llama import LlamaModel
 
 log = logging.getLogger("gpu_worker")
 

@@ -1,12 +1,18 @@
-"""The model's shape, read from an HF directory's config.json (+ generation_config.json)."""
+"""The model's shape, read from an HF directory's config.json (+ generation_config.json).
+
+Reading refuses an architecture the registry does not serve; what a served architecture's
+model implements of the config is checked by the model (features.py)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+from .features import rope_params, rope_type, sliding_windows
+from .registry import MODELS, architecture
+
+SUPPORTED_ARCHITECTURES = tuple(MODELS)
 
 
 @dataclass(frozen=True)
@@ -25,15 +31,15 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
+    sliding_windows: tuple[int | None, ...] = ()  # per layer, where a window binds (features.py)
+    raw: dict = field(default_factory=dict, compare=False, repr=False)  # config.json as read
 
     @classmethod
     def from_dir(cls, path: Path) -> "ModelConfig":
         cfg = json.loads((path / "config.json").read_text())
-        arch = (cfg.get("architectures") or ["?"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"{path}: architecture {arch} not supported ({', '.join(SUPPORTED_ARCHITECTURES)})")
+        arch = architecture(cfg, str(path))
         heads = cfg["num_attention_heads"]
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope = rope_params(cfg)
         return cls(
             architecture=arch,
             hidden_size=cfg["hidden_size"],
@@ -45,10 +51,12 @@ class ModelConfig:
             vocab_size=cfg["vocab_size"],
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-            rope_scaling=rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None,
+            rope_scaling=rope if rope_type(cfg) != "default" else None,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             eos_token_ids=_eos_ids(path, cfg),
+            sliding_windows=sliding_windows(cfg),
+            raw=cfg,
         )
 
 

@@ -43,9 +43,13 @@ class LayerLoop:
         self._loops: dict[bool, object] = {}  # dense -> the C++ DecodeLayers
 
     @classmethod
-    def build(cls, weights: ModelWeights, cfg: ModelConfig, kv: KVPool) -> LayerLoop | None:
-        """The loop for this model and pool; None off the CPU (the C++ kernels are CPU kernels)."""
-        return cls(weights, cfg, kv) if kv.device.type == "cpu" else None
+    def build(cls, model, kv: KVPool) -> LayerLoop | None:
+        """The loop for ``model`` (a LlamaModel or subclass) and ``kv``; None unless the model opts
+        in (``model.fast_decode_loop``: its layer is the one the C++ loop hard-codes), or off the
+        CPU (the C++ kernels are CPU kernels)."""
+        if not getattr(model, "fast_decode_loop", False) or kv.device.type != "cpu":
+            return None
+        return cls(model.weights, model.config, kv)
 
     def _layers(self, dense: bool):
         if dense not in self._loops:

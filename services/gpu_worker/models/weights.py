@@ -14,6 +14,7 @@ from libs.kernels import gemm
 
 from .. import memory
 from .config import ModelConfig
+from .features import UnsupportedModel
 from .precision import cpu_flags
 
 
@@ -29,6 +30,8 @@ class LayerWeights:
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor  # [hidden, inter]
     down_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None = None  # [head_dim]: per-head RMSNorm of q before RoPE (Qwen3)
+    k_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -47,15 +50,18 @@ class _Reader:
         if not files:
             raise FileNotFoundError(f"{path}: no *.safetensors files")
         self._where: dict[str, Path] = {}
+        self.read: set[str] = set()  # NOTE: every name asked for, found or not: the rest is unused
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 self._where.update({name: file for name in f.keys()})
         self._dtype, self._device = dtype, device
 
     def has(self, name: str) -> bool:
+        self.read.add(name)
         return name in self._where
 
     def get(self, name: str) -> torch.Tensor:
+        self.read.add(name)
         if name not in self._where:
             raise KeyError(f"checkpoint has no tensor {name}")
         with safe_open(str(self._where[name]), framework="pt") as f:
@@ -64,17 +70,30 @@ class _Reader:
     def maybe(self, name: str) -> torch.Tensor | None:
         return self.get(name) if self.has(name) else None
 
+    def unused(self) -> list[str]:
+        """Tensors nobody asked for, but for rotary tables older checkpoints saved (recomputed here)."""
+        return sorted(n for n in self._where if n not in self.read and not n.endswith("rotary_emb.inv_freq"))
 
-def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu") -> ModelWeights:
+
+def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu", qk_norm: bool = False) -> ModelWeights:
+    """The checkpoint's tensors, fused per layer; ``qk_norm``: the layers' per-head q/k norms too.
+    Raises UnsupportedModel for tensors left unread: weights of a layer this model lacks (a
+    Qwen3 checkpoint relabelled Qwen2 would otherwise answer wrongly)."""
     r = _Reader(path, dtype, device)
     embed = r.get("model.embed_tokens.weight")
-    layers = [_load_layer(r, f"model.layers.{i}.") for i in range(cfg.num_layers)]
-    tied = cfg.tie_word_embeddings or not r.has("lm_head.weight")
+    layers = [_load_layer(r, f"model.layers.{i}.", qk_norm) for i in range(cfg.num_layers)]
+    head = r.has("lm_head.weight")  # NOTE: read even when tied (HF ignores a tied model's copy)
+    tied = cfg.tie_word_embeddings or not head
     lm_head = embed if tied else r.get("lm_head.weight")
-    return ModelWeights(embed, layers, r.get("model.norm.weight"), lm_head)
+    weights = ModelWeights(embed, layers, r.get("model.norm.weight"), lm_head)
+    if unused := r.unused():
+        listed = ", ".join(unused[:4]) + (f", ... ({len(unused)} in all)" if len(unused) > 4 else "")
+        raise UnsupportedModel(f"{path}: the checkpoint holds tensors the {cfg.architecture} model does not use, "
+                               f"refused rather than served wrong (another architecture's weights?): {listed}")
+    return weights
 
 
-def _load_layer(r: _Reader, p: str) -> LayerWeights:
+def _load_layer(r: _Reader, p: str, qk_norm: bool) -> LayerWeights:
     attn, mlp = p + "self_attn.", p + "mlp."
     return LayerWeights(
         input_norm=r.get(p + "input_layernorm.weight"),
@@ -87,6 +106,8 @@ def _load_layer(r: _Reader, p: str) -> LayerWeights:
         gate_up_bias=_cat(r, [mlp + "gate_proj.bias", mlp + "up_proj.bias"]),
         down=r.get(mlp + "down_proj.weight"),
         down_bias=r.maybe(mlp + "down_proj.bias"),
+        q_norm=r.get(attn + "q_norm.weight") if qk_norm else None,
+        k_norm=r.get(attn + "k_norm.weight") if qk_norm else None,
     )
 
 

@@ -1,6 +1,7 @@
 """The C++ layer loop (layer_loop.py, csrc/layer_loop.cpp) against the Python loop it replaces:
 the same kernels in the same order, so logits and the KV it stores are equal bit for bit, on
-every linear form (tiles, oneDNN's packed weights, plain ones, tiles+onednn by rows)."""
+every linear form (tiles, oneDNN's packed weights, plain ones, tiles+onednn by rows), for every
+model that opts into the loop (``FAST_DECODE_LOOP``); the others never take it."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ import torch
 from libs.kernels import gemm
 from libs.protocol.messages import ForwardBatch, NewRow
 from services.gpu_worker import ModelRunner, RunnerConfig
+from services.gpu_worker.models.registry import model_class
 from services.gpu_worker.models.weights import HYBRID_ROWS
 
-from .test_llama_model import SMALL, _save_random
+from .checkpoints import ARCHS, SMALL, write
 
 pytestmark = pytest.mark.skipif(not gemm.f32_available(), reason="the fp32 tile kernels need AVX2 + FMA")
 
 
-def _checkpoint(path, qwen: bool):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+OPTED_IN = [a for a, (_, hf, _) in ARCHS.items() if model_class(hf).FAST_DECODE_LOOP]
+OPTED_OUT = [a for a in ARCHS if a not in OPTED_IN]
 
-    model = Qwen2ForCausalLM(Qwen2Config(**SMALL)) if qwen else LlamaForCausalLM(LlamaConfig(**SMALL))
-    _save_random(model, path)
+
+def _checkpoint(path, arch: str):
+    write(arch, path)
     return path
 
 
@@ -47,13 +50,21 @@ def _steps():
                        input_ids=[14, 15], out_slots=[203, 204])
 
 
-@pytest.mark.parametrize("qwen", [False, True], ids=["llama", "qwen2-bias"])
+@pytest.mark.parametrize("arch", OPTED_IN)
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
-def test_decode_steps_equal_the_python_loop(tmp_path, qwen, kv_dtype):
-    path = _checkpoint(tmp_path, qwen)
+def test_decode_steps_equal_the_python_loop(tmp_path, arch, kv_dtype):
+    path = _checkpoint(tmp_path, arch)
     fused, plain = _runner(path, True, kv_dtype=kv_dtype), _runner(path, False, kv_dtype=kv_dtype)
     _same_steps(fused, plain, _steps())
     assert fused.model._loop.forms() == [False] and plain.model._loop is None  # the loop ran, and only in one
+
+
+@pytest.mark.parametrize("arch", OPTED_OUT)
+def test_models_that_opt_out_decode_in_python(tmp_path, arch):
+    runner = _runner(_checkpoint(tmp_path, arch), True)
+    list(map(runner.logits, _steps()))
+    assert runner.model._loop is None and not runner.model.fast_decode_loop
+
 
 
 def _same_steps(fused: ModelRunner, plain: ModelRunner, steps) -> None:
@@ -68,7 +79,7 @@ def _same_steps(fused: ModelRunner, plain: ModelRunner, steps) -> None:
 def test_other_linear_forms_equal_the_python_loop(tmp_path, form):
     """oneDNN's packed fp32 weights (--dtype float32's form) and unpacked ones, fp32 or bf16
     activations, run in the loop too."""
-    path = _checkpoint(tmp_path, True)
+    path = _checkpoint(tmp_path, "qwen2")
     kw = {"onednn": dict(kernel="onednn"), "plain": dict(pack=False),
           "plain-bf16": dict(pack=False, dtype="bfloat16")}[form]
     fused, plain = _runner(path, True, **kw), _runner(path, False, **kw)
@@ -78,7 +89,7 @@ def test_other_linear_forms_equal_the_python_loop(tmp_path, form):
 
 def test_tiles_and_onednn_by_rows_as_the_python_loop(tmp_path):
     """tiles+onednn: the tiles below HYBRID_ROWS rows, oneDNN's matmul from there, in the loop as in weights.linear."""
-    path = _checkpoint(tmp_path, False)
+    path = _checkpoint(tmp_path, "llama")
     fused, plain = (_runner(path, loop, kernel="tiles+onednn", max_requests=HYBRID_ROWS) for loop in (True, False))
     prompt = ForwardBatch(step=0, new_rows=[NewRow(row=r, temperature=0.0, top_p=1.0, top_k=-1, seed=0)
                                             for r in range(HYBRID_ROWS)],
@@ -95,7 +106,7 @@ def test_tiles_and_onednn_by_rows_as_the_python_loop(tmp_path):
 
 
 def test_prefill_steps_keep_the_python_loop(tmp_path):
-    runner = _runner(_checkpoint(tmp_path, False), True)
+    runner = _runner(_checkpoint(tmp_path, "llama"), True)
     first, decode, _ = _steps()
     runner.logits(first)
     assert runner.model._loop is None  # a prefill step: nothing built
@@ -106,7 +117,7 @@ def test_prefill_steps_keep_the_python_loop(tmp_path):
 def test_bad_arguments_are_refused(tmp_path):
     from libs.kernels import cpu_ext
 
-    runner = _runner(_checkpoint(tmp_path, False), True)
+    runner = _runner(_checkpoint(tmp_path, "llama"), True)
     list(map(runner.logits, list(_steps())[:2]))
     loop, module = runner.model._loop, cpu_ext.load()
     with pytest.raises(RuntimeError, match="per layer 6 weights"):

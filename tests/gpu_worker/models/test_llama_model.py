@@ -11,26 +11,9 @@ from libs.protocol.messages import ForwardBatch, NewRow
 from services.gpu_worker import ModelRunner, RunnerConfig
 from services.gpu_worker.models.config import ModelConfig
 
-SMALL = dict(
-    vocab_size=300, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
-    num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
-)
-
-
-def _save_random(model, path):
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.5 + (1.0 if "norm" in name else 0.0))
-    model.eval().save_pretrained(path)
-    return model
-
-
-def _edit_config(path, fn):
-    cfg = json.loads((path / "config.json").read_text())
-    fn(cfg)
-    (path / "config.json").write_text(json.dumps(cfg))
+from .checkpoints import SMALL
+from .checkpoints import edit_config as _edit_config
+from .checkpoints import save_random as _save_random
 
 
 def _compare(path, hf):

@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, SmolLM2, Qwen2) over a flattened token batch."""
+"""The Llama family (Llama 1-3.x, SmolLM2, Mistral, Qwen2 / 2.5) over a flattened token batch;
+the layer other families build on (qwen3.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from libs.kernels import AttentionBackend
 from libs.kernels import ops as torch_ops
 from libs.kernels.base import DecodeStep
 from libs.kernels.cpu_ops import RopeStep
-from libs.kernels.ops import Rotary, rope_inv_freq
 
 from .config import ModelConfig
+from .features import refuse_unsupported
 from .layer_loop import LayerLoop
+from .layers import ROPE_TYPES, rotary
 from .weights import LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
 
 
@@ -25,11 +27,21 @@ class LlamaModel:
     through the final norm and the LM head.
     """
 
+    # what this family implements of a config (features.py); the rest is refused at start
+    # (a sliding window: on the backends that have one, ModelRunner checks)
+    FEATURES = frozenset({"act:silu", "sliding_window", *(f"rope:{t}" for t in ROPE_TYPES)})
+    # NOTE: the C++ decode loop (layer_loop.cpp) hard-codes this layer: a family that changes the
+    # layer opts out, and so does a config using a feature the loop lacks
+    FAST_DECODE_LOOP = True
+    QK_NORM = False  # per-head q/k RMSNorm weights in the checkpoint (qwen3.py)
+
     def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", pack: bool = True,
-                 kernel: str = "auto", bf16_weights: bool = False) -> None:
+                 kernel: str = "auto", bf16_weights: bool = False, max_positions: int | None = None) -> None:
         self.config = cfg = ModelConfig.from_dir(path)
+        refuse_unsupported(cfg.raw, self.FEATURES, f"{path} ({cfg.architecture})")
+        self.fast_decode_loop = self.FAST_DECODE_LOOP and not any(cfg.sliding_windows)
         self.dtype, self.device = dtype, torch.device(device)
-        self.weights = load_weights(path, cfg, dtype, device)
+        self.weights = load_weights(path, cfg, dtype, device, qk_norm=self.QK_NORM)
         # NOTE: packed (oneDNN-blocked) weights are opaque to torch.compile: a compiled
         # step keeps plain ones
         # ``kernel``: the linears' packed form (weights.linear_kernel; ``bf16_weights``: auto's
@@ -39,8 +51,7 @@ class LlamaModel:
         self.packed = self.linear_kernel != "plain"
         if self.packed:
             pack_weights(self.weights, self.linear_kernel)
-        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self.rotary = Rotary(inv_freq, cfg.max_position_embeddings, device)
+        self.rotary = rotary(cfg, min(max_positions or cfg.max_position_embeddings, cfg.max_position_embeddings), device)
         self._q_heads = cfg.num_heads
         self._qk_heads = cfg.num_heads + cfg.num_kv_heads
         self._qk_width = self._qk_heads * cfg.head_dim
@@ -89,7 +100,7 @@ class LlamaModel:
         if step is None:
             return None
         if self._loop is None or self._loop.kv is not attn.kv:
-            self._loop = LayerLoop.build(self.weights, self.config, attn.kv)
+            self._loop = LayerLoop.build(self, attn.kv)
             self.layer_loop = self._loop is not None  # NOTE: the weights do not change: asked once
         return step if self._loop is not None else None
 

@@ -1,0 +1,79 @@
+"""What a checkpoint's config.json asks of the model, feature by feature.
+
+Each model family declares the features it implements (``FEATURES`` on its class); the config
+reader refuses the rest at start, naming the field that asks, so nothing is served wrong. A
+feature at its default value (rope ``default``, no window that binds, ...) is not asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")
+
+
+class UnsupportedModel(ValueError):
+    """A checkpoint the worker would serve wrong: refused at start, with the fields that ask."""
+
+
+@dataclass(frozen=True)
+class Ask:
+    feature: str  # what a model must implement: "rope:yarn", "act:gelu", "moe", ...
+    field: str  # the config field that asks for it
+    value: object
+
+
+def rope_params(raw: dict) -> dict:
+    """The rope dict, new (``rope_parameters``) or legacy (``rope_scaling`` + ``rope_theta``) layout."""
+    return raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+
+
+def rope_type(raw: dict) -> str:
+    rope = rope_params(raw)
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
+def sliding_windows(raw: dict) -> tuple[int | None, ...]:
+    """Each layer's attention window where it binds (shorter than max_position_embeddings), else
+    None. Qwen2/3 turn windows on with ``use_sliding_window`` and keep the first
+    ``max_window_layers`` layers global; ``layer_types`` (transformers 5) names them outright;
+    Mistral's ``sliding_window`` holds on every layer."""
+    layers = raw["num_hidden_layers"]
+    window = raw.get("sliding_window")
+    if not window or window >= raw.get("max_position_embeddings", 2048) or raw.get("use_sliding_window") is False:
+        return (None,) * layers
+    if raw.get("layer_types"):
+        return tuple(window if t == "sliding_attention" else None for t in raw["layer_types"])
+    first = raw.get("max_window_layers", 0) if "use_sliding_window" in raw else 0
+    return tuple(window if i >= first else None for i in range(layers))
+
+
+def asks(raw: dict) -> list[Ask]:
+    """Every non-default feature ``raw`` (a config.json) asks for, plus its activation and rope type."""
+    out = [Ask(f"act:{_activation(raw)}", "hidden_act", _activation(raw)),
+           Ask(f"rope:{rope_type(raw)}", "rope_parameters.rope_type", rope_type(raw))]
+    if raw.get("quantization_config") or raw.get("compression_config"):
+        field = "quantization_config" if raw.get("quantization_config") else "compression_config"
+        out.append(Ask("quantization", field, (raw[field] or {}).get("quant_method", "?")))
+    out += [Ask("moe", f, raw[f]) for f in MOE_FIELDS if raw.get(f)]
+    if "text_config" in raw:
+        out.append(Ask("text_config", "text_config", "a multimodal wrapper's text model"))
+    if (factor := rope_params(raw).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+        out.append(Ask("partial_rotary", "partial_rotary_factor", factor))
+    out += [Ask("softcap", f, raw[f]) for f in SOFTCAPS if raw.get(f)]
+    if any(windows := sliding_windows(raw)):
+        out.append(Ask("sliding_window", "sliding_window", min(w for w in windows if w)))
+    return out
+
+
+def refuse_unsupported(raw: dict, features: frozenset[str], where: str) -> None:
+    """Raise UnsupportedModel naming every field of ``raw`` that asks for a feature not in ``features``."""
+    missing = [a for a in asks(raw) if a.feature not in features]
+    if missing:
+        said = "; ".join(f"{a.field}={a.value!r} ({a.feature})" for a in missing)
+        raise UnsupportedModel(f"{where}: not supported by this worker, refused rather than served wrong: {said}")
+
+
+def _activation(raw: dict) -> str:
+    return raw.get("hidden_act") or raw.get("hidden_activation") or "silu"

@@ -1,0 +1,101 @@
+"""The registry serves each architecture with its family's model, and refuses at start, naming
+the field, every config feature and checkpoint tensor no part of the worker implements."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.gpu_worker import ModelRunner, RunnerConfig
+from services.gpu_worker.models.features import UnsupportedModel
+from services.gpu_worker.models.registry import MODELS, load_model, model_class
+
+from .checkpoints import ARCHS, edit_config, write, write_config
+
+
+def test_every_architecture_names_a_model_class():
+    assert {model_class(a).__name__ for a in MODELS} == {"LlamaModel", "Qwen3Model"}
+    assert {ARCHS[a][1] for a in ARCHS} <= set(MODELS)
+
+
+LLAMA3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 1e4}
+
+REFUSED = [  # (architecture, config overrides, words the error must hold)
+    ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("llama", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                                    "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}),
+     "rope_parameters.rope_type='longrope'"),
+]
+
+
+@pytest.mark.parametrize("arch,overrides,words", REFUSED, ids=[w.split("=")[0] for *_, w in REFUSED])
+def test_config_features_no_part_implements_are_refused(tmp_path, arch, overrides, words):
+    write_config(arch, tmp_path, **overrides)
+    with pytest.raises(UnsupportedModel, match="refused rather than served wrong") as err:
+        load_model(tmp_path)
+    assert words in str(err.value)
+
+
+EDITS = [  # (edit of config.json, words the error must hold)
+    (lambda c: c.update(quantization_config={"quant_method": "fp8"}), "quantization_config='fp8'"),
+    (lambda c: c.update(compression_config={"quant_method": "compressed-tensors"}), "compression_config"),
+    (lambda c: c.update(num_local_experts=8), "num_local_experts=8"),
+    (lambda c: c.update(num_experts=4), "num_experts=4"),
+    (lambda c: c.update(text_config={"hidden_size": 96}), "text_config"),
+    (lambda c: c.update(partial_rotary_factor=0.5), "partial_rotary_factor=0.5"),
+    (lambda c: c.update(final_logit_softcapping=30.0), "final_logit_softcapping=30.0"),
+]
+
+
+@pytest.mark.parametrize("edit,words", EDITS, ids=[w.split("=")[0] for _, w in EDITS])
+def test_edited_configs_are_refused_with_the_field(tmp_path, edit, words):
+    write_config("llama", tmp_path)
+    edit_config(tmp_path, edit)
+    with pytest.raises(UnsupportedModel, match="refused rather than served wrong") as err:
+        load_model(tmp_path)
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("arch,reason", [("Gemma3ForCausalLM", "Gemma 3"), ("Phi3ForCausalLM", "partial rotary"),
+                                         ("Qwen3MoeForCausalLM", "mixture-of-experts"), ("GPT2LMHeadModel", "unknown")])
+def test_architectures_not_served_are_refused_with_a_reason(tmp_path, arch, reason):
+    write_config("llama", tmp_path)
+    edit_config(tmp_path, lambda c: c.update(architectures=[arch]))
+    with pytest.raises(UnsupportedModel, match=reason):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("overrides", [dict(sliding_window=256), dict(sliding_window=16, use_sliding_window=False),
+                                       dict(sliding_window=16, use_sliding_window=True, max_window_layers=2)],
+                         ids=["window-covers-context", "window-off", "window-layers-past-the-last"])
+def test_windows_that_never_bind_are_served(tmp_path, overrides):
+    write("qwen2", tmp_path, **overrides)
+    assert not any(load_model(tmp_path).config.sliding_windows)
+
+
+@pytest.mark.parametrize("arch,overrides", [("mistral", dict(sliding_window=32)),
+                                            ("qwen2", dict(use_sliding_window=True, sliding_window=32, max_window_layers=1))])
+def test_a_window_that_binds_is_refused_on_backends_without_windows(tmp_path, arch, overrides):
+    write(arch, tmp_path, **overrides)
+    config = dict(model=str(tmp_path), kv_slots=256, max_requests=2, dtype="float32", attention_backend="cpu")
+    with pytest.raises(UnsupportedModel, match=r"sliding_window=32 binds .*--attention-backend torch"):
+        ModelRunner(RunnerConfig(**config))
+    runner = ModelRunner(RunnerConfig(**config, max_model_len=32))  # NOTE: a context the window covers
+    assert not any(runner.attn.windows)
+    windowed = ModelRunner(RunnerConfig(**{**config, "attention_backend": "torch"}))
+    assert windowed.attn.windows == ((32, 32) if arch == "mistral" else (None, 32))
+    assert not windowed.model.fast_decode_loop  # NOTE: the C++ decode loop has no window
+
+
+def test_unused_checkpoint_tensors_are_refused(tmp_path):
+    """A Qwen3 checkpoint relabelled Qwen2: its q/k norms would be dropped, answers wrong."""
+    write("qwen3", tmp_path)
+    edit_config(tmp_path, lambda c: c.update(architectures=["Qwen2ForCausalLM"]))
+    with pytest.raises(UnsupportedModel, match=r"does not use.*q_norm"):
+        load_model(tmp_path)
+
+
+def test_a_long_context_model_sizes_its_tables_by_the_pool(tmp_path):
+    write("llama", tmp_path, max_position_embeddings=131072, rope_parameters=LLAMA3_YARN)
+    runner = ModelRunner(RunnerConfig(model=str(tmp_path), kv_slots=512, max_requests=4, dtype="float32"))
+    assert runner.max_model_len == 512 and runner.table.shape == (4, 512)
+    assert runner.model.rotary.cos.shape[0] == 512
