@@ -89,6 +89,9 @@ class BusHealth:
             status = {"status": "degraded", "degraded": degraded, "detail": "; ".join(degraded)}
         else:
             status = {"status": "ok"}
+        broker = self.bus.broker()  # NOTE: which node of the cluster this gateway is on, of how many
+        body["nats"] = {"server": broker["nats_server"], "url": broker["nats_url"],
+                        "nodes": int(broker["nats_nodes"])}
         return HealthReport(not missing, {**status, **body})
 
     def _lost(self, workers: list[str]) -> list[str]:
