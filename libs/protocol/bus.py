@@ -154,6 +154,11 @@ class Bus:
         link.note_server()
         return cls(nc, name, link)
 
+    @property
+    def reconnected_at(self) -> float:
+        """When (monotonic) this client last reconnected: what it heard before may be stale."""
+        return self._link.reconnected_at
+
     def broker(self) -> dict[str, str]:
         """The NATS node this client is on now and the cluster it sees (for /health, pongs)."""
         info = getattr(self.nc, "_server_info", None) or {}  # NOTE: nats-py keeps INFO private

@@ -43,6 +43,7 @@ from .tokenizers import TokenizerView
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
 
 EXCLUDED_RETRY_S = 1.0
+STALE_AFTER_RECONNECT_S = 5.0
 log = logging.getLogger("radixmesh.gateway.pipeline")
 _tracer = trace.get_tracer("radixmesh.gateway")
 
@@ -275,7 +276,7 @@ class Pipeline:
                 "broker_unavailable": self.config.broker_wait}.get(code, self.config.resume_wait)
         # NOTE: a lost host takes workers, tokenizers and schedulers together: even a resume
         # that avoids the lost worker retries while the others' loss is noticed
-        began = time.monotonic()
+        began, timeouts = time.monotonic(), 0
         deadline = began + (self.config.resume_wait if exclude else wait)
         while True:
             rid = uuid.uuid4().hex
@@ -289,8 +290,12 @@ class Pipeline:
                 # NOTE: 504: a request went to a member of a queue group not yet known lost;
                 # a 503 with no worker left to avoid the lost one is final within a second
                 # (a replica of the index may be a report behind the others)
-                now = time.monotonic()
-                if now < deadline and (exc.status == 504 or not exclude or now - began < EXCLUDED_RETRY_S):
+                now, timeouts = time.monotonic(), timeouts + (exc.status == 504)
+                # NOTE: a first 504 is retried even past the deadline: it cost bus_timeout itself;
+                # just after a reconnect the views of workers are being refilled: wait for them
+                fresh = now - self.bus.reconnected_at < STALE_AFTER_RECONNECT_S
+                if (exc.status == 504 and timeouts == 1) or now < deadline and (
+                        exc.status == 504 or not exclude or fresh or now - began < EXCLUDED_RETRY_S):
                     await asyncio.sleep(0.25)
                     continue
                 lost = ("its tokenizer was lost" if code == "tokenizer_lost"

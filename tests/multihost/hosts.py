@@ -96,6 +96,10 @@ class Host:
         out = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
+    def partition(self, cut: bool) -> None:
+        """Cut (or restore) this host's link; its processes keep running."""
+        _ip("link", "set", self.link, "down" if cut else "up")
+
     def die(self) -> None:
         """Lost whole: every process SIGKILLed, then the link cut (no goodbye on the wire)."""
         for pid in self.pids():
