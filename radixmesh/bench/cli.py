@@ -54,7 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("systems and output")
     out.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                      help=f"comma-separated, from {','.join(SYSTEMS)}, radixmesh-<policy> "
-                          f"for a routing policy in {','.join(ROUTING_POLICIES)}, and "
+                          f"for a routing policy in {','.join(ROUTING_POLICIES)}, "
+                          "radixmesh-index<N> (N cache index replicas, e.g. radixmesh-index2), "
+                          "radixmesh-index<N>-kill (one replica SIGKILLed mid-run), and "
                           "[LABEL:]openai=URL for a running OpenAI-compatible server (a peer: "
                           "vLLM, SGLang, llama.cpp, another radixmesh), never started or stopped "
                           "here")

@@ -251,7 +251,7 @@ def _extra_tables(plan: Plan, summaries: list[Summary], classes: list[tuple[str,
     parts = ["\n".join(tier_goals(summaries, "radixmesh", list(TIERED), ideal))]
     if len({kind for kind, _ in classes}) > 1:
         parts.append(class_table(classes))
-    if any(p.stack for p in plan.systems):
+    if any(dict(p.stack).get("prefill_workers") for p in plan.systems):
         parts.append(transfer_table(transfers))
         parts += pd_goals(summaries, classes, "radixmesh", "radixmesh-pd", STREAM)
     return "\n\n".join(p for p in parts if p)

@@ -17,6 +17,10 @@
   request's KV from one to the other (prefill/decode disaggregation);
 - ``radixmesh-pd-<P>p<D>d``: a stack of ``P`` prefill and ``D`` decode workers
   whatever ``--workers`` says (e.g. ``radixmesh-pd-2p1d``: more prefill capacity);
+- ``radixmesh-index<N>``: a stack whose cache index runs as ``N`` active replicas
+  (``--index-replicas N``; e.g. ``radixmesh-index2``);
+- ``radixmesh-index<N>-kill`` (N >= 2): the same, with the replica ``cache_index-1``
+  SIGKILLed when half the timed requests were sent (the supervisor restarts it);
 - ``radixmesh-<policy>``: a stack whose cache index routes with ``<policy>``
   (``cache_aware``, ``round_robin``, ``least_load``, ``random``, ``prefix_hash``);
 - ``openai=<URL>`` (``<label>:openai=<URL>``): a peer, any OpenAI-compatible server
@@ -53,10 +57,13 @@ SYSTEMS = ("radixmesh", "radixmesh-no-cache", "radixmesh-no-overlap", "radixmesh
 TIERED = ("radixmesh-host-tier", "radixmesh-store-tier")
 HOST_TIER_RATIO = 3
 ROUTING_POLICIES = ("cache_aware", "round_robin", "least_load", "random", "prefix_hash")
+INDEXED = ("radixmesh-index<N> (N index replicas)", "radixmesh-index<N>-kill (N >= 2, one killed mid-run)")
 DEFAULT_SYSTEMS = ("radixmesh", "radixmesh-no-cache", "hf-generate")
 NO_CACHE_FLAG = "--disable-radix-cache"
 NO_OVERLAP_FLAG = "--disable-overlap-schedule"
 PD_COUNTS = re.compile(r"radixmesh-pd-(\d+)p(\d+)d")  # radixmesh-pd-<P>p<D>d
+INDEX_REPLICAS = re.compile(r"radixmesh-index(\d+)(-kill)?")  # radixmesh-index<N>[-kill]
+KILLED_REPLICA = "cache_index-1"
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -71,6 +78,7 @@ class SystemPlan:
     stack: tuple[tuple[str, int], ...] = ()  # StackConfig fields over the run's (worker roles)
     url: str = ""  # a peer's base URL
     peer: PeerInfo | None = None  # what check_peer found (before the run)
+    kill: str = ""  # a process SIGKILLed when half the timed requests were sent
 
     def layout(self, workers: int) -> str:
         """The worker processes it runs, e.g. "2 colocated", "1 prefill + 1 decode"."""
@@ -118,6 +126,15 @@ def _pd_counts(name: str) -> tuple[tuple[str, int], ...]:
     return (("workers", 0), ("prefill_workers", int(m[1])), ("decode_workers", int(m[2])))
 
 
+def _index_replicas(name: str) -> tuple[tuple[str, int], ...]:
+    """``radixmesh-index<N>[-kill]`` as a stack layout (N >= 1, N >= 2 with -kill); ()
+    for any other name."""
+    m = INDEX_REPLICAS.fullmatch(name)
+    if m is None or int(m[1]) < (2 if m[2] else 1):
+        return ()
+    return (("index_replicas", int(m[1])),)
+
+
 def _plan_pd(plan: Plan, url: str | None, workers: int) -> None:
     if url:
         plan.notes.append("radixmesh-pd skipped: it needs a stack started by the harness")
@@ -134,13 +151,23 @@ def plan_systems(wanted: list[str], url: str | None, workers: int = 1) -> Plan:
     routed = {f"radixmesh-{p}": p for p in ROUTING_POLICIES}
     peers = _peers(wanted, (*SYSTEMS, *routed))
     unknown = sorted(set(wanted) - set(SYSTEMS) - set(routed) - set(filter(_pd_counts, wanted))
-                     - set(peers))
+                     - set(filter(_index_replicas, wanted)) - set(peers))
     if unknown:
         raise BenchError(f"unknown system(s) {unknown}; choose from "
-                         f"{[*SYSTEMS, *routed, 'radixmesh-pd-<P>p<D>d (P, D >= 1)', '[LABEL:]openai=URL']}")
+                         f"{[*SYSTEMS, *routed, 'radixmesh-pd-<P>p<D>d (P, D >= 1)', *INDEXED, '[LABEL:]openai=URL']}")
     for name in wanted:
         if name in peers:
             plan.systems.append(SystemPlan(peers[name].label, "peer", url=peers[name].url))
+        elif _index_replicas(name):
+            if url:
+                plan.notes.append(f"{name} skipped: it needs a stack started by the harness")
+            elif name.endswith("-kill"):
+                plan.systems.append(SystemPlan(name, "stack", stack=_index_replicas(name),
+                                               kill=KILLED_REPLICA))
+                plan.notes.append(f"{name}: {KILLED_REPLICA} was SIGKILLed when half the timed "
+                                  "requests were sent (then restarted by the stack's supervisor)")
+            else:
+                plan.systems.append(SystemPlan(name, "stack", stack=_index_replicas(name)))
         elif _pd_counts(name):
             if url:
                 plan.notes.append(f"{name} skipped: it needs a stack started by the harness")
@@ -205,10 +232,12 @@ Prepare = Callable[[StreamClient], Awaitable[object]]
 async def bench_http(url: str, system: str, workload: Workload, tok: ChatTokenizer,
                      client: ClientConfig, load: Load, warmup: int, timeout_s: float,
                      progress: Progress | None = None, counters: Counters | None = None,
-                     prepare: Prepare | None = None) -> RunResult:
+                     prepare: Prepare | None = None,
+                     on_send: Callable[[int], object] | None = None) -> RunResult:
     """``prepare`` (untimed), warm up, then run ``workload`` against the gateway at
     ``url``; returns the records, the duration, the workers' idle fraction meanwhile
-    (NaN: unknown) and, given ``counters``, the KV transfers meanwhile."""
+    (NaN: unknown) and, given ``counters``, the KV transfers meanwhile. ``on_send(n)``
+    runs as the n-th timed request is sent (n from 1)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as http:
         if client.api == "chat" and not client.model:
@@ -218,7 +247,13 @@ async def bench_http(url: str, system: str, workload: Workload, tok: ChatTokeniz
             await prepare(stream)
         await _warm_up(stream, tok, warmup, load.seed)
 
+        sent = 0
+
         async def send(spec, messages, record, index):
+            nonlocal sent
+            sent += 1
+            if on_send is not None:
+                on_send(sent)
             await stream.send(messages, spec.max_tokens, record, index)
 
         moved = counters and await counters()
@@ -260,15 +295,26 @@ def run_stack(plan: SystemPlan, stack_kwargs: dict, log_dir: Path, startup_timeo
     try:
         stack.start(timeout=startup_timeout)
         counters = functools.partial(read_counters, stack.nats_url, config.subject_prefix)
-        prepare = None
+        prepare = on_send = None
+        if plan.kill:
+            on_send = functools.partial(_kill_at_half, stack, plan,
+                                        len(bench_kwargs["workload"].requests))
         if plan.store:
             prepare = functools.partial(warm_store, stack, workload=bench_kwargs["workload"],
                                         limit_s=startup_timeout)
         return asyncio.run(bench_http(stack.url, plan.name, counters=counters, prepare=prepare,
-                                      **bench_kwargs))
+                                      on_send=on_send, **bench_kwargs))
     except WarmStoreError as exc:
         raise BenchError(f"{plan.name}: {exc}") from None
     except StackError as exc:
         raise BenchError(f"{plan.name}: {exc}") from None
     finally:
         stack.stop()
+
+
+def _kill_at_half(stack, plan: SystemPlan, total: int, sent: int) -> None:
+    """SIGKILL ``plan.kill`` as the ``ceil(total / 2)``-th timed request is sent."""
+    if sent == (total + 1) // 2:
+        pid = stack.kill(plan.kill)
+        print(f"[{plan.name}] SIGKILLed {plan.kill} (pid {pid}) as request {sent} of {total} "
+              "was sent", file=sys.stderr, flush=True)

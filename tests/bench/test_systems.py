@@ -106,3 +106,44 @@ def test_run_stack_starts_the_pd_layout_and_reads_its_transfers(monkeypatch, tmp
     [cfg] = configs
     assert (cfg.workers, cfg.prefill_workers, cfg.decode_workers, cfg.threads_per_worker) == (0, 1, 1, 1)
     assert result == RunResult([], 1.5, 0.0, Transfers(sent=4))
+
+
+def test_index_replica_systems_parse_into_stacks_of_n_replicas():
+    plan = plan_systems(["radixmesh", "radixmesh-index2", "radixmesh-index3-kill"], url=None, workers=4)
+    base, two, three = plan.systems
+    assert (base.stack, base.kill) == ((), "")
+    assert (two.kind, dict(two.stack), two.kill) == ("stack", {"index_replicas": 2}, "")
+    assert (dict(three.stack), three.kill) == ({"index_replicas": 3}, "cache_index-1")
+    assert two.layout(4) == "4 colocated" and "SIGKILLed" in plan.notes[0]
+    remote = plan_systems(["radixmesh-index2"], url="http://127.0.0.1:1")
+    assert not remote.systems and "needs a stack" in remote.notes[0]
+    for bad in ("radixmesh-index0", "radixmesh-index1-kill", "radixmesh-index2-killed", "radixmesh-indexx"):
+        with pytest.raises(BenchError, match="radixmesh-index<N>"):
+            plan_systems([bad], url=None)
+
+
+def test_kill_system_kills_the_replica_once_half_the_requests_were_sent(monkeypatch, tmp_path):
+    import radixmesh.launcher as launcher
+    from radixmesh.bench import systems
+
+    configs, killed = [], []
+    FakeStack = recording_stack(configs)
+    FakeStack.kill = lambda self, name: killed.append(name) or 123
+
+    class FakeWorkload:
+        requests = [object()] * 5
+
+    async def fake_bench(url, system, counters, prepare, on_send, workload, **kw):
+        for n in range(1, 6):
+            on_send(n)
+            if n < 3:
+                assert not killed
+        return RunResult([], 1.0, 0.0)
+
+    monkeypatch.setattr(launcher, "LocalStack", FakeStack)
+    monkeypatch.setattr(systems, "bench_http", fake_bench)
+    [kill] = plan_systems(["radixmesh-index2-kill"], url=None, workers=4).systems
+    stack = dict(model="default", workers=4, dtype="float32", kv_slots=1024, threads_per_worker=1)
+    run_stack(kill, stack, tmp_path, 10.0, workload=FakeWorkload())
+    [cfg] = configs
+    assert (cfg.index_replicas, cfg.workers, killed) == (2, 4, ["cache_index-1"])
