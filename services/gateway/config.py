@@ -22,3 +22,6 @@ class PipelineConfig:
     tokenizer_probe_interval: float = 1.0  # how often tokenizers are pinged while requests run
     tokenizer_wait: float = 30.0  # a lost tokenizer's requests wait this long for another
     broker_wait: float = 30.0  # requests cut by a broker blip wait this long for the bus to return
+    # a new request finding no routable worker waits this long where workers reported lately
+    # (restarting, between schedulers: a rolling restart), else it gets 503 at once
+    no_worker_wait: float = 10.0

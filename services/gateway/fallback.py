@@ -23,12 +23,14 @@ class LoadView:
         self.stale_s = stale_s
         self.clock = clock
         self._reports: dict[str, tuple[LoadReport, float]] = {}
+        self._heard: dict[str, tuple[str, float]] = {}  # worker -> (model, last report of any kind)
         self.fallback_routes = 0
 
     async def start(self, bus: Bus, subjects: Subjects) -> None:
         await bus.subscribe(subjects.index_load_all(), self._on_load, LoadReport)
 
     async def _on_load(self, report: LoadReport) -> None:
+        self._heard[report.worker_id] = (report.model, self.clock())
         if report.alive:
             self._reports[report.worker_id] = (report, self.clock())
         else:
@@ -51,6 +53,12 @@ class LoadView:
         if now - max(seen, since) > self.stale_s:
             return f"no load report from worker {worker_id} for {now - seen:.1f}s"
         return None
+
+    def heard_within(self, model: str, seconds: float) -> bool:
+        """Whether a worker of ``model`` reported (alive or leaving) within ``seconds``: one
+        that is restarting or between schedulers, not a model nobody serves."""
+        now = self.clock()
+        return any(m == model and now - t <= seconds for m, t in self._heard.values())
 
     def live(self) -> list[LoadReport]:
         """The latest report of every worker heard from within ``liveness_s``."""

@@ -26,6 +26,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, StatusCode
 
 from libs.protocol import Bus, ServiceError, Subjects, errors, tracing
+from libs.protocol.limits import WORKER_LIVENESS_S
 from libs.protocol.messages import (
     AbortRequest, DetokRelease, EncodeReply, EncodeRequest, GatewayBatch, ReleaseRequest, TextDelta,
 )
@@ -228,16 +229,24 @@ class Pipeline:
                             resume: Resume) -> tuple[str, Launched]:
         """Launch under ``rid``; a submit no scheduler answered (one that died
         holding it) is abandoned and launched again under a fresh bus rid."""
-        bus_rid = rid
-        for attempt in range(1, self.config.submit_attempts + 1):
+        bus_rid, attempt = rid, 1
+        deadline = time.monotonic() + self.config.no_worker_wait
+        while True:
             try:
                 return bus_rid, await self._launch(bus_rid, req, [], resume)
             except ServiceError as exc:
+                if exc.code == "service_unavailable" and self._workers_returning(deadline):
+                    await asyncio.sleep(0.25)  # NOTE: the same rid: nothing was submitted
+                    continue
                 if exc.code != "submit_timeout" or attempt == self.config.submit_attempts:
                     raise
                 log.warning("request %s: %s; launching again", rid, exc.message)
-            bus_rid = uuid.uuid4().hex
-        raise AssertionError("unreachable")
+            bus_rid, attempt = uuid.uuid4().hex, attempt + 1
+
+    def _workers_returning(self, deadline: float) -> bool:
+        """No worker is routable now, but one reported lately: worth waiting for (until ``deadline``)."""
+        return (time.monotonic() < deadline and self.loads is not None
+                and self.loads.heard_within(self.model, WORKER_LIVENESS_S * 4))
 
     async def _launch(self, rid: str, req: GenerationRequest, exclude: list[str],
                       resume: Resume) -> Launched:

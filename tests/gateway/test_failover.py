@@ -167,3 +167,17 @@ async def test_watchdog_moves_requests_off_a_replaced_session(played, pipeline, 
         assert len(played.submits) == 2
     resumed = played.submits[-1]
     assert resumed.num_output_tokens == 1 and resumed.input_ids[-1] == 7
+
+
+async def test_a_worker_between_schedulers_is_waited_for_a_model_nobody_serves_is_not():
+    now = [100.0]
+    view = LoadView(clock=lambda: now[0])
+    leaving = load("w1", running=0)
+    leaving.alive = False  # its scheduler let go of it (a rolling restart)
+    await view._on_load(load("w1", running=1))
+    await view._on_load(leaving)
+    assert view.pick(MODEL, []) is None  # nothing routable right now
+    assert view.heard_within(MODEL, 8.0)  # but it reported lately: worth a wait
+    assert not view.heard_within("another-model", 8.0)
+    now[0] += 9.0
+    assert not view.heard_within(MODEL, 8.0)
