@@ -1,7 +1,7 @@
 // The attention kernels' entry points (bound in module.cpp) and their argument checks.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 
