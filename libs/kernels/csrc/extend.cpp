@@ -144,6 +144,8 @@ void run_items(const std::vector<Item>& items, const at::Tensor& q, const at::Te
 
 bool amx_bf16_available() { return rmk::brgemm_usable(); }
 
+bool set_brgemm(bool allowed) { return rmk::brgemm_allowed().exchange(allowed); }
+
 bool bf16_extend_available() {
 #if defined(__AVX512BF16__)
   return true;
