@@ -2,7 +2,7 @@
 # Install radixmesh and its dependencies into ./.venv (idempotent). A second run with nothing
 # changed takes seconds: the pip steps are skipped while the stamp .venv/.radixmesh-install
 # holds the hash of pyproject.toml, this script, the checkout's place and the Python version
-# (RADIXMESH_REINSTALL=1 runs them anyway); the model conversion and the kernel build no-op
+# (RADIXMESH_REINSTALL=1 runs them anyway); the model conversion and the kernel builds no-op
 # once done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,5 +42,6 @@ else
 fi
 # Convert the default model once into the cache folder (no-op when already there).
 .venv/bin/python -m libs.models >/dev/null
-# Build the C++ CPU attention kernel once (about a minute; skipped with a note without g++).
+# Build the C++ CPU kernels once per ISA level (avx2, avx512, avx512bf16: side by side, 1.5-3
+# minutes on 2 cores; a no-op once built); a level that fails to build is a warning naming its cost.
 .venv/bin/python -m libs.kernels.cpu_ext

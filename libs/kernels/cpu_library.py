@@ -23,7 +23,8 @@ from . import cpu_ext
 def load():
     """``torch.ops.radixmesh`` after the module is loaded and the fakes registered (once);
     raises BackendNotAvailable if the C++ module cannot build."""
-    cpu_ext.load()  # NOTE: loading the library runs its TORCH_LIBRARY registration
+    # NOTE: the process's own level (a test's cpu_ext.using() aside): ops are registered once
+    cpu_ext.load(cpu_ext.loaded_level()).register_ops()
     torch.library.register_fake("radixmesh::rmsnorm")(_fake_rmsnorm)
     torch.library.register_fake("radixmesh::add_rmsnorm_")(_fake_in_place)
     torch.library.register_fake("radixmesh::silu_mul")(_fake_silu_mul)

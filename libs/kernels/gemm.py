@@ -13,7 +13,6 @@ and stays in use (``services/gpu_worker/models/weights.py`` decides).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -33,18 +32,17 @@ class TiledWeight:
     shape: tuple[int, int]
 
 
-@functools.cache
 def f32_available() -> bool:
-    """Whether the fp32-activation kernel is built here (the C++ module loads; AVX2 and FMA)."""
+    """Whether the fp32-activation kernel is built here (the C++ module loads; AVX2 and FMA).
+    NOTE: not cached: the answer is the level ``cpu_ext.load()`` gives now (its own cache)."""
     try:
         return bool(cpu_ext.load().gemm_f32())
     except BackendNotAvailable:
         return False
 
 
-@functools.cache
 def available() -> bool:
-    """Whether the kernel is built here (the C++ module loads and the CPU has AVX512-BF16)."""
+    """Whether the bf16-activation kernel is built here (the C++ module loads at a level with AVX512-BF16)."""
     try:
         return bool(cpu_ext.load().gemm_bf16())
     except BackendNotAvailable:

@@ -10,7 +10,7 @@ import uuid
 
 import torch
 
-from libs.kernels import BackendNotAvailable
+from libs.kernels import BackendNotAvailable, cpu_ext
 from libs.models import ModelNotFoundError, resolve_model, served_name
 from libs.protocol import event_loop
 from libs.protocol.env_flags import env_default
@@ -139,9 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     except (BackendNotAvailable, ModelNotFoundError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{SERVICE}: {exc}") from None
     logging.getLogger(SERVICE).info(
-        "loaded %s (%s [%s], %s linears, %s attention, %d KV slots, %.0f MiB KV in %s [%s], %d compute threads)",
+        "loaded %s (%s [%s], %s linears, %s attention, %d KV slots, %.0f MiB KV in %s [%s], %d compute threads, "
+        "cpu kernels %s)",
         runner.path, runner.config.dtype, runner.dtype_choice.reason, runner.model.linear_kernel, runner.attn.name,
         args.kv_slots, runner.kv.nbytes() / 2**20, runner.config.kv_dtype, runner.kv_choice.reason, threads,
+        cpu_ext.describe(),
     )
     if runner.compiled is not None:
         if runner.device.type == "cpu":

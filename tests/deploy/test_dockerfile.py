@@ -51,7 +51,8 @@ def test_cpu_by_default_cuda_by_build_arg():
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.M)
     assert re.search(r"^ARG VARIANT=cpu$", text, re.M)
-    assert re.search(r"^FROM torch-\$\{VARIANT\} AS runtime$", text, re.M)
+    assert re.search(r"^FROM torch-\$\{VARIANT\} AS deps$", text, re.M)
+    assert re.search(r"^FROM deps AS runtime$", text, re.M)
     cpu, cuda = stage(text, "torch-cpu"), stage(text, "torch-cuda")
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in cpu
     assert '"torch==${TORCH_VERSION}"' in cpu and '"torch==${TORCH_VERSION}"' in cuda
@@ -73,8 +74,28 @@ def test_build_context_holds_only_what_the_image_copies():
                 if line and not line.startswith("#")]
     assert patterns[0] == "*"
     allowed = {p.removeprefix("!").rstrip("/") for p in patterns if p.startswith("!")}
-    copied = set(re.findall(r"^COPY (\S+) ", DOCKERFILE.read_text(), re.M))
-    assert copied == allowed
+    text = DOCKERFILE.read_text()
+    copied = set(re.findall(r"^COPY (?!--from=)(\S+) ", text, re.M))
+    built = set(re.findall(r"^COPY (\S+) ", stage(text, "kernels"), re.M))  # NOTE: parts of libs/, for its cache
+    assert copied - built == allowed
+    assert all(any(path.startswith(a + "/") for a in allowed) for path in built), built
+
+
+def test_the_kernels_are_compiled_in_a_build_stage_and_copied_into_a_runtime_without_a_compiler():
+    """The runtime image has no compiler: every ISA level's shared object is built in the
+    ``kernels`` stage (g++ there, a failed level fails the build) and copied over, into the
+    folder both stages name, so a worker loads them as built (libs/kernels/cpu_ext.py)."""
+    text = DOCKERFILE.read_text()
+    kernels, runtime = stage(text, "kernels"), stage(text, "runtime")
+    assert re.search(r"^FROM deps AS kernels$", text, re.M)
+    assert "g++" in kernels and "python -m libs.kernels.cpu_ext --strict" in kernels
+    assert "apt-get" not in runtime and "g++" not in runtime
+    folder = re.search(r"^ENV RADIXMESH_EXT_DIR=(\S+)$", kernels, re.M).group(1)
+    assert re.search(rf"^\s+RADIXMESH_EXT_DIR={re.escape(folder)} \\$", runtime, re.M)
+    assert f"COPY --from=kernels {folder} {folder}" in runtime
+    # the build stage compiles the sources the runtime's copy of libs/ holds
+    assert "COPY libs/kernels ./libs/kernels" in kernels and "COPY libs ./libs" in runtime
+    assert re.search(r"^WORKDIR /app$", kernels, re.M) and re.search(r"^WORKDIR /app$", runtime, re.M)
 
 
 @pytest.mark.parametrize("hostname", ["3f2a9c1b0d4e", "worker.example.org", "a b"])

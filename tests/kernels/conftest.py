@@ -1,4 +1,7 @@
-"""Kernel tests: the Triton interpreter on a CPU-only machine, fresh random inputs with a printed seed."""
+"""Kernel tests: the Triton interpreter on a CPU-only machine, fresh random inputs with a printed seed,
+and the ``level`` fixture: a test that takes it runs once per ISA level of the C++ kernels this
+CPU executes (on an AVX-512 machine the AVX2 build's paths too); every other test runs the
+level the machine loads by default."""
 
 from __future__ import annotations
 
@@ -8,11 +11,22 @@ import random
 import pytest
 import torch
 
+from libs.kernels import cpu_ext
+
 # NOTE: must precede the first import of the Triton kernels (triton.jit reads it when they are defined)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+LEVELS = cpu_ext.runnable_levels()
+
+
+@pytest.fixture(params=LEVELS or [pytest.param(None, marks=pytest.mark.skip(reason="no C++ kernel level runs here"))])
+def level(request) -> str:
+    """One ISA level this CPU executes: within the test, ``cpu_ext.load()`` (and so every kernel
+    wrapper and the cpu backend) gives that level's build."""
+    with cpu_ext.using(request.param):
+        yield request.param
 
 
 @pytest.fixture()

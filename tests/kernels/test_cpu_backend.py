@@ -4,6 +4,8 @@ bf16 tolerance (attention_case.TOLERANCE, 1e-2 of the largest output): inputs an
 outputs are bf16 (a relative rounding of 2^-9 each), and in the native bf16 extend (AMX,
 AVX512-BF16) the probabilities are rounded to bf16 before P . V; the sums themselves are fp32. Measured over random
 ragged batches: 3.7e-3 worst (the torch backend's bf16: 3.2e-3).
+
+Every test runs on each ISA level of the C++ kernels this CPU executes (the ``level`` fixture).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from libs.kernels import KVPool, get_backend
+from libs.kernels import KVPool, cpu_ext, get_backend
 from libs.kernels.synthetic import synthetic_step
 
 from .attention_case import Case, check_attention, random_lens
@@ -29,18 +31,18 @@ def cpu_loops(pool):
     return backend
 
 
+pytestmark = pytest.mark.usefixtures("level")
 BOTH = pytest.mark.parametrize("make", [cpu_backend, cpu_loops], ids=["default", "cpp-loops"])
 
 
-def test_extend_goes_to_cpp_where_bf16_products_are_native():
-    from services.gpu_worker.models.precision import cpu_flags
-
+def test_extend_goes_to_cpp_where_bf16_products_are_native(level):
     kernel = get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16))._kernel
-    native = bool(kernel.amx_bf16()) or "avx512_bf16" in cpu_flags()  # NOTE: the build targets this CPU
+    assert kernel is cpu_ext.load(level)
+    native = bool(kernel.amx_bf16()) or level == "avx512bf16"  # NOTE: AMX through oneDNN, whatever the level
     assert bool(kernel.bf16_extend()) == native
     assert get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16)).cpp_extend == native
     fp32 = bool(kernel.fp32_extend())
-    assert fp32 == (not native and "avx2" in cpu_flags() and "avx512f" not in cpu_flags())
+    assert fp32 == (level == "avx2")
     assert get_backend("cpu", KVPool(1, 8, 2, 64)).cpp_extend == fp32  # AVX2's register-blocked fp32 products
     assert get_backend("cpu", KVPool(1, 8, 2, 64, torch.bfloat16), dtype=torch.float32).cpp_extend == fp32
 
@@ -64,6 +66,29 @@ def test_ragged_mixed_batch_bf16(gen, group, head_dim, make):
     case = Case(prefix, extend, kv_heads=1 if group == 8 else 3, group=group, head_dim=head_dim,
                 dtype=torch.bfloat16, page_size=16)
     check_attention(make, case, gen)
+
+
+@pytest.fixture()
+def without_brgemm(level):
+    """oneDNN's brgemm forbidden in the level's build: on an AMX CPU bf16 extend products then run
+    where a CPU without AMX runs them (AVX512-BF16's dot products, ``dot_tiles.h``; else SDPA)."""
+    kernel = cpu_ext.load(level)
+    before = kernel.set_brgemm(False)
+    yield kernel
+    kernel.set_brgemm(before)
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_bf16_extend_without_amx(gen, without_brgemm, level, group):
+    assert not without_brgemm.amx_bf16() and bool(without_brgemm.bf16_extend()) == (level == "avx512bf16")
+    prefix, extend = random_lens(gen, batch=5, max_prefix=150, max_extend=80)
+    kv_heads = 1 if group == 8 else 3
+    check_attention(cpu_backend, Case(prefix, extend, kv_heads=kv_heads, group=group, dtype=torch.bfloat16,
+                                      page_size=16), gen)
+    check_attention(cpu_backend, Case([0, 127, 128, 129], [65] * 4, kv_heads=kv_heads, group=group,
+                                      dtype=torch.bfloat16), gen)  # query tiles and key blocks past their edges
+    if group == 3:
+        check_attention(cpu_backend, Case([3800, 0], [300, 129], kv_heads=3, group=3, dtype=torch.bfloat16), gen)
 
 
 @BOTH

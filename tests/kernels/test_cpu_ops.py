@@ -9,6 +9,8 @@ Tolerances, by what each kernel does differently from torch:
   ~ 5e-6 of exact, so results agree to rtol 1e-5;
 - SiLU uses its own exp (Cephes' expf, ~1 ulp) and a division: fp32 within a few ulp
   (rtol 1e-6), bf16 / fp16 as RMSNorm.
+
+The kernel tests run on every ISA level this CPU executes (the ``level`` fixture).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def _close_to_torch(got: torch.Tensor, want: torch.Tensor, fp32_rtol: float) -> 
 
 @pytest.mark.parametrize("dtype", ALL)
 @pytest.mark.parametrize("rows,width", [(1, 576), (7, 576), (64, 576), (5, 100)])  # 100: a masked tail
-def test_rmsnorm_and_silu_mul_match_torch(gen, dtype, rows, width):
+def test_rmsnorm_and_silu_mul_match_torch(gen, dtype, rows, width, level):
     x = (torch.randn(rows, width, generator=gen) * 3).to(dtype)
     w = torch.randn(width, generator=gen).to(dtype)
     gate_up = (torch.randn(rows, 2 * width, generator=gen) * 4).to(dtype)
@@ -42,7 +44,7 @@ def test_rmsnorm_and_silu_mul_match_torch(gen, dtype, rows, width):
     _close_to_torch(cpu_ops.silu_mul(gate_up), ops.silu_mul(gate_up), fp32_rtol=1e-6)
 
 
-def test_silu_mul_at_the_extremes():
+def test_silu_mul_at_the_extremes(level):
     g = torch.tensor([[-200.0, -30.0, -1e-30, 0.0, 1e-30, 30.0, 200.0, float("nan")]])
     got = cpu_ops.silu_mul(torch.cat([g, torch.ones_like(g)], dim=1))
     want = ops.silu_mul(torch.cat([g, torch.ones_like(g)], dim=1))
@@ -51,7 +53,7 @@ def test_silu_mul_at_the_extremes():
 
 @pytest.mark.parametrize("dtype", ALL)
 @pytest.mark.parametrize("rows,width", [(1, 576), (33, 576), (3, 40)])
-def test_add_rmsnorm_in_place_matches_torch(gen, dtype, rows, width):
+def test_add_rmsnorm_in_place_matches_torch(gen, dtype, rows, width, level):
     x = (torch.randn(rows, width, generator=gen) * 3).to(dtype)
     h = torch.randn(rows, width, generator=gen).to(dtype)
     w = torch.randn(width, generator=gen).to(dtype)
@@ -72,7 +74,7 @@ def _rope_case(gen, dtype, tokens, heads, kv_heads, dim, positions):
 
 @pytest.mark.parametrize("dtype", ALL)
 @pytest.mark.parametrize("tokens,dim", [(1, 64), (37, 64), (5, 128), (4, 20)])  # 20: a masked half row
-def test_rope_qk_is_torch_bit_for_bit_in_place(gen, dtype, tokens, dim):
+def test_rope_qk_is_torch_bit_for_bit_in_place(gen, dtype, tokens, dim, level):
     heads, kv_heads = 9, 3
     rot, qkv, pos = _rope_case(gen, dtype, tokens, heads, kv_heads, dim, 4096)
     v_before = qkv[:, (heads + kv_heads) * dim :].clone()
@@ -85,7 +87,7 @@ def test_rope_qk_is_torch_bit_for_bit_in_place(gen, dtype, tokens, dim):
     assert torch.equal(qkv[:, (heads + kv_heads) * dim :], v_before)  # v untouched
 
 
-def test_rope_qk_refuses_a_position_past_the_tables(gen):
+def test_rope_qk_refuses_a_position_past_the_tables(gen, level):
     rot, qkv, _ = _rope_case(gen, torch.bfloat16, 2, 2, 1, 16, 8)
     with pytest.raises(RuntimeError, match="position out of"):
         cpu_ops.rope_qk(qkv, 3, 16, cpu_ops.rope_cache(rot, torch.tensor([3, 8]), torch.bfloat16))

@@ -11,6 +11,14 @@ from libs.kernels import cpu_ext, gemm
 from .gil_check import longest_stall
 
 needs_bf16 = pytest.mark.skipif(not gemm.available(), reason="needs the C++ kernels on a CPU with AVX512-BF16")
+BF16_LEVELS = [name for name in cpu_ext.runnable_levels() if "avx512_bf16" in cpu_ext.LEVELS[name].needs]
+
+
+@pytest.fixture(params=BF16_LEVELS or [pytest.param(None, marks=pytest.mark.skip(reason="needs a CPU with AVX512-BF16"))])
+def bf16_level(request) -> str:
+    """Each level this CPU executes that has the bf16 kernel (the ``level`` fixture's, narrowed)."""
+    with cpu_ext.using(request.param):
+        yield request.param
 
 
 def _case(gen, m: int, n: int, k: int):
@@ -27,16 +35,14 @@ def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
     assert float(err.max()) < 2**-7, float(err.max())
 
 
-@needs_bf16
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 8, 13, 64])
 @pytest.mark.parametrize("n, k", [(960, 576), (576, 1536), (100, 64), (17, 2)])
-def test_linear_matches_an_fp32_matmul(gen, m, n, k):
+def test_linear_matches_an_fp32_matmul(gen, m, n, k, bf16_level):
     x, w, ref = _case(gen, m, n, k)
     _close(gemm.linear(x, gemm.pack(w)), ref)
 
 
-@needs_bf16
-def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen):
+def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen, bf16_level):
     x, w, ref = _case(gen, 3, 70, 32)  # two tiles, the second 6 columns wide
     bias = torch.randn(70, generator=gen).bfloat16()
     out = gemm.linear(x, gemm.pack(w), bias)
@@ -44,8 +50,7 @@ def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen):
     assert out.shape == (3, 70)
 
 
-@needs_bf16
-def test_rows_of_a_wider_tensor_are_read_in_place(gen):
+def test_rows_of_a_wider_tensor_are_read_in_place(gen, bf16_level):
     """x may be a column slice (row stride > width) or 2-byte aligned: the kernel reads pairs unaligned."""
     big = torch.randn(4, 130, generator=gen).bfloat16()
     w = torch.randn(40, 64, generator=gen).bfloat16()
@@ -64,8 +69,7 @@ def test_pack_lays_column_pairs_out_in_tiles_of_64():
     assert not tiles[1, :, 6:].any()  # padding columns are zero
 
 
-@needs_bf16
-def test_bad_shapes_are_refused(gen):
+def test_bad_shapes_are_refused(gen, bf16_level):
     w = gemm.pack(torch.randn(16, 8, generator=gen).bfloat16())
     with pytest.raises(RuntimeError, match="width"):
         gemm.linear(torch.randn(2, 10).bfloat16(), w)

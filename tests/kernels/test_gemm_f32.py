@@ -1,4 +1,5 @@
-"""The fp32 linear kernel over packed bf16 weights (libs.kernels.gemm, csrc/gemm_f32.cpp)."""
+"""The fp32 linear kernel over packed bf16 weights (libs.kernels.gemm, csrc/gemm_f32.cpp), on every ISA
+level this CPU executes (all of them build it)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 13, 16, 39, 40, 64])  # 40: widened once (kWideFrom)
 @pytest.mark.parametrize("n, k", [(960, 576), (576, 1536), (100, 64), (17, 2), (70, 32)])
-def test_linear_matches_an_fp32_matmul_of_the_rounded_weight(gen, m, n, k):
+def test_linear_matches_an_fp32_matmul_of_the_rounded_weight(gen, m, n, k, level):
     x, w, ref = _case(gen, m, n, k)
     _close(gemm.linear(x, _pack(w)), ref)
 
@@ -42,7 +43,7 @@ def test_a_bf16_weight_packs_to_the_same_tiles_as_its_fp32_original(gen):
     assert torch.equal(_pack(w).tiles, _pack(w.bfloat16()).tiles)
 
 
-def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen):
+def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen, level):
     x, w, ref = _case(gen, 3, 70, 32)  # five tiles, the last 6 columns wide
     bias = torch.randn(70, generator=gen)
     out = gemm.linear(x, _pack(w), bias)
@@ -50,7 +51,7 @@ def test_bias_is_added_and_columns_past_the_weight_stay_unwritten(gen):
     assert out.shape == (3, 70)
 
 
-def test_rows_of_a_wider_tensor_are_read_in_place(gen):
+def test_rows_of_a_wider_tensor_are_read_in_place(gen, level):
     big = torch.randn(5, 130, generator=gen)
     w = torch.randn(40, 64, generator=gen)
     for x in (big[:, :64], big[:, 1:65]):
@@ -68,7 +69,7 @@ def test_pack_lays_column_pairs_out_in_tiles_of_16_for_fp32():
     assert not tiles[1, :, 4:].any()  # padding columns are zero
 
 
-def test_an_empty_batch_and_bad_arguments(gen):
+def test_an_empty_batch_and_bad_arguments(gen, level):
     w = _pack(torch.randn(16, 8, generator=gen))
     assert gemm.linear(torch.randn(0, 8), w).shape == (0, 16)
     with pytest.raises(RuntimeError, match=r"\[tiles, K/2, 16\]"):  # the bf16 kernel's 64-column tiles
@@ -83,7 +84,7 @@ def test_an_empty_batch_and_bad_arguments(gen):
         gemm.linear(torch.randn(2, 8), w, torch.randn(15))
 
 
-def test_thread_counts_give_the_same_result(gen):
+def test_thread_counts_give_the_same_result(gen, level):
     x, w, _ = _case(gen, 7, 576, 192)
     packed, before = _pack(w), torch.get_num_threads()
     try:

@@ -11,7 +11,8 @@
 //   k, v   [S, kv_heads, D]       one layer's pool: q's dtype, or bf16 under fp32 q (KV
 //                                 kept in half the bytes where the model computes in fp32)
 //   table  [R, max_len] int64, rows [B], lens [B] (keys 0 .. lens[b] - 1)
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

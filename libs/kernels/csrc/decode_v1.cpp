@@ -14,7 +14,9 @@
 //   table  [R, max_len] int64    slot of every position of row r
 //   rows   [B] int64, lens [B] int64
 //   out    [B, kv_heads * G, D]  float32
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include "kernels.h"

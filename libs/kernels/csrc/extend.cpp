@@ -9,7 +9,8 @@
 // scores S = Q K^T, an online softmax, O += P V, all in fp32. The two products are
 // matmul-shaped: bf16 on AMX through oneDNN's brgemm (tiles.h), else on AVX512-BF16's
 // dot products (dot_tiles.h), fp32 on AVX2 register-blocked (extend_avx2.h), else fp32 loops.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -142,6 +143,8 @@ void run_items(const std::vector<Item>& items, const at::Tensor& q, const at::Te
 }  // namespace
 
 bool amx_bf16_available() { return rmk::brgemm_usable(); }
+
+bool set_brgemm(bool allowed) { return rmk::brgemm_allowed().exchange(allowed); }
 
 bool bf16_extend_available() {
 #if defined(__AVX512BF16__)

@@ -11,7 +11,8 @@
 // At batch 1 the step reads each weight once at close to the core's memory bandwidth,
 // where oneDNN's blocked gemv stays at about half of it; large batches loop over row tiles
 // while the weight tile sits in L2.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -11,7 +11,8 @@
 // On gemm_bf16.cpp's 64-column tiles a 16-column call read 64 bytes of every 256: on 2 Zen 3
 // cores a batch-1 step's weights went at 13-16 GB/s, on these at 20-26 (1.4-1.7x; batch 8
 // 1.25-1.6x, 16-32 rows 1.1x). Threads split a layer's tiles: 36 of a 576-wide layer.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

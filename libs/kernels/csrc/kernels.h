@@ -1,7 +1,7 @@
 // The attention kernels' entry points (bound in module.cpp) and their argument checks.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 
@@ -18,6 +18,7 @@ void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        const at::Tensor& starts, double scale, at::Tensor& out, bool allow_brgemm);
 
 bool amx_bf16_available();
+bool set_brgemm(bool allowed);  // returns the previous setting
 bool bf16_extend_available();
 bool fp32_extend_available();
 

@@ -7,7 +7,7 @@
 //   slots [T] int64         where token t's rows go (each in [0, S))
 //   k, v [T, H, D]          fp32 / bf16 / fp16; each token's H * D values contiguous (rows
 //                           may be strided: views into the fused QKV projection)
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <cstring>

@@ -6,7 +6,9 @@
 // run in the same order on the same tensors, so the result is the Python loop's bit for
 // bit; what goes is ~9 Python calls a layer (their dispatch and argument checks) and the
 // GIL, which the whole call runs without.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/linear.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <optional>
@@ -104,5 +106,5 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
       h = mlp;
     }
   }
-  return x + mlp;
+  return x.add(mlp);  // NOTE: x + mlp, whose operator lives in a header ten times the size
 }

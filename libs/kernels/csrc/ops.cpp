@@ -6,7 +6,9 @@
 //   silu_mul:     out = T(silu(gate)) * up               (gate_up = [gate | up] on the last dim)
 // One row per work item, rows in parallel; AVX-512 or AVX2 where the build has it
 // (rows.h), plain loops elsewhere.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

@@ -10,7 +10,7 @@
 //   x1' = T(T(x1 * c) - T(x2 * s)),  x2' = T(T(x2 * c) + T(x1 * s)),  c = T(cos), s = T(sin)
 // so its results are torch's bit for bit in every dtype. Tokens in parallel; for each
 // vector of lanes (rows.h) of the half row, c and s are loaded once for all heads.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include "kernels.h"

@@ -13,6 +13,7 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -27,10 +28,17 @@ namespace rmk {
 #endif
 constexpr int64_t kTileK = RMK_TILE_K;
 
-// brgemm in bf16 is usable (oneDNN's ukernel with VNNI packing on this CPU)
+// brgemm may be used where it is usable (set_brgemm: tests turn it off on AMX CPUs, so the
+// paths AMX takes over, dot_tiles.h's, run there too)
+inline std::atomic<bool>& brgemm_allowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+
+// brgemm in bf16 is usable (oneDNN's ukernel with VNNI packing on this CPU) and allowed
 inline bool brgemm_usable() {
   static const bool ok = at::native::cpublas::could_pack(at::kBFloat16);
-  return ok;
+  return ok && brgemm_allowed().load(std::memory_order_relaxed);
 }
 
 // Per-thread working set of one item: Q rows, S/P, O, softmax state, packed blocks.
