@@ -16,7 +16,7 @@ class PipelineConfig:
     route_timeout: float = 2.0  # a route unanswered this long is asked again (index_attempts) ...
     index_attempts: int = 2  # ... (an index replica died holding it), then the own load view routes
     watch_interval: float = 0.25  # how often open requests are checked for a lost scheduler
-    stall_s: float = 2.0  # output quiet this long: ask the scheduler whether some was lost
+    stall_s: float = 3.0  # output quiet this long: ask the scheduler; still short this much later: lost
     stall_check_s: float = 1.0  # how often quiet requests are looked for
     resume_wait: float = 5.0  # a lost scheduler's requests wait this long for its successor
     tokenizer_probe_interval: float = 1.0  # how often tokenizers are pinged while requests run

@@ -38,7 +38,7 @@ from .metrics import RequestMetrics
 from .observability import request_arrival
 from .placement import Placement
 from .request import GenerationRequest, Launched, Resume
-from .stall import Arrivals, lost_output
+from .stall import Arrivals, short_output
 from .tokenizers import TokenizerView
 
 __all__ = ["Completion", "Generation", "GenerationRequest", "Pipeline", "PipelineConfig"]
@@ -173,7 +173,8 @@ class Pipeline:
             quiet = self.arrivals.quiet(list(self._live), self.config.stall_s)
             if not quiet or not self.bus.nc.is_connected:
                 continue
-            for gen, why in await lost_output(self.bus, self.subjects, quiet, self.config.stall_check_s):
+            short = await short_output(self.bus, self.subjects, quiet, self.config.stall_check_s)
+            for gen, why in self.arrivals.confirm(short, self.config.stall_s):
                 log.warning("request %s: %s", gen.rid, why)
                 gen.lost(errors.stream_gap(f"output of request {gen.rid} lost on the way: {why}"))
 
