@@ -15,7 +15,7 @@ from pathlib import Path
 import json
 import urllib.request
 
-from .natsd import NatsServer, Routes, free_port
+from .natsd import NatsServer, Routes, free_ports
 
 CLUSTER_NAME = "radixmesh"
 
@@ -26,8 +26,10 @@ class NatsCluster:
                  ports: list[int] | None = None, name: str = CLUSTER_NAME) -> None:
         if size < 1:
             raise ValueError("a NATS cluster needs at least one node")
-        ports = ports or [free_port() for _ in range(size)]
-        route_ports = [free_port() for _ in range(size)]
+        picked = free_ports(3 * size)  # client, route and monitoring ports, all distinct
+        ports = ports or picked[:size]
+        route_ports = picked[size:2 * size]
+        monitor_ports = picked[2 * size:]
         route_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         routes = tuple(f"nats://{route_host}:{p}" for p in route_ports)
         self.nodes = [
@@ -37,7 +39,7 @@ class NatsCluster:
                 jetstream_dir=Path(jetstream_dir) / f"n{i + 1}" if jetstream_dir else None,
                 cluster=Routes(name, route_ports[i], tuple(r for j, r in enumerate(routes) if j != i))
                 if size > 1 else None,
-                monitor_port=free_port() if size > 1 else None,
+                monitor_port=monitor_ports[i] if size > 1 else None,
             )
             for i in range(size)
         ]
