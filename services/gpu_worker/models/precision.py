@@ -11,10 +11,11 @@ keeps every weight fp32.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
+
+from libs.kernels.cpu_ext import cpu_flags  # noqa: F401 - also weights.py's, via this module
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DTYPE_CHOICES = ("auto", *DTYPES)
@@ -25,19 +26,6 @@ class DtypeChoice(NamedTuple):
     name: str  # a key of DTYPES
     reason: str  # why, for the start-up log
     bf16_weights: bool = False  # fp32 activations over bf16 linear weights (weights.linear_kernel)
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The first processor's feature flags (empty where /proc/cpuinfo is unreadable)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
 
 
 def resolve_dtype(name: str, device: torch.device | str, flags: frozenset[str] | None = None) -> DtypeChoice:
