@@ -66,7 +66,7 @@ class Rotary:
         self.sin = (freqs.sin() * attention_factor).to(device)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ([T, 1, D/2]) of each token's position, once per step for all layers."""
+        """cos/sin ([T, 1, R/2], R the rotated width: D, or less under partial rotary) of each token's position, once per step for all layers."""
         return self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype)
 
 
@@ -77,11 +77,17 @@ def rope_cache(rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype):
 
 def rope_qk(qkv: torch.Tensor, heads: int, head_dim: int, rope) -> torch.Tensor:
     """The first ``heads`` heads of the fused QKV rows ([T, W]: the q heads, then the k heads),
-    rotated: [T, heads, head_dim]. ``rope`` is :func:`rope_cache`'s."""
+    rotated: [T, heads, head_dim]. ``rope`` is :func:`rope_cache`'s (tables narrower than
+    head_dim / 2: partial rotary, see :func:`apply_rope`)."""
     return apply_rope(qkv[:, : heads * head_dim].view(qkv.shape[0], heads, head_dim), *rope)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Half-split (NeoX/HF) rotation: ``cos``/``sin`` are [..., D/2] and broadcast over heads."""
+    """Half-split (NeoX/HF) rotation: ``cos``/``sin`` are [..., R/2] and broadcast over heads.
+    Partial rotary (R < D, the tables' width says it): the first R of each head rotate, the
+    rest pass through (HF's Phi-3 ``apply_rotary_pos_emb``)."""
+    rot = 2 * cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

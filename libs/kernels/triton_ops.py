@@ -41,7 +41,8 @@ def _silu_mul_kernel(GU, Out, stride_g, stride_o, inter, BLOCK: tl.constexpr, IN
 def _rope_kernel(
     X, Cos, Sin, Out, heads,
     stride_xt, stride_xh, stride_ct, stride_st, stride_ot, stride_oh,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,
+    HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     t = tl.program_id(0)
     offs_h = tl.arange(0, BLOCK_H)
@@ -55,6 +56,12 @@ def _rope_kernel(
     o_ptr = Out + t * stride_ot + offs_h[:, None] * stride_oh + offs[None, :]
     tl.store(o_ptr, cast(x1 * cos - x2 * sin, Out.dtype.element_ty, INTERP), mask=mask)
     tl.store(o_ptr + HALF, cast(x2 * cos + x1 * sin, Out.dtype.element_ty, INTERP), mask=mask)
+    if PASS > 0:  # NOTE: partial rotary: each head's last PASS columns are copied as they are
+        offs_p = tl.arange(0, BLOCK_P)
+        mask_p = (offs_h[:, None] < heads) & (offs_p[None, :] < PASS)
+        x_pass = X + t * stride_xt + offs_h[:, None] * stride_xh + 2 * HALF + offs_p[None, :]
+        o_pass = Out + t * stride_ot + offs_h[:, None] * stride_oh + 2 * HALF + offs_p[None, :]
+        tl.store(o_pass, tl.load(x_pass, mask=mask_p, other=0.0), mask=mask_p)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,17 +94,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Half-split rotation of ``x`` [T, heads, D] by ``cos``/``sin`` ([T, 1, D/2] or [T, D/2])."""
+    """Half-split rotation of ``x`` [T, heads, D] by ``cos``/``sin`` ([T, 1, R/2] or [T, R/2]; R < D:
+    partial rotary, the rest of each head passes through, as :func:`libs.kernels.ops.apply_rope`)."""
     assert x.dim() == 3 and x.stride(-1) == 1
     t, heads, dim = x.shape
-    cos, sin = cos.reshape(t, dim // 2), sin.reshape(t, dim // 2)
+    half = cos.shape[-1]
+    assert 2 * half <= dim
+    cos, sin = cos.reshape(t, half), sin.reshape(t, half)
     assert cos.stride(-1) == 1 and sin.stride(-1) == 1
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _rope_kernel[(t,)](
         x, cos, sin, out, heads,
         x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
-        HALF=dim // 2, BLOCK_H=triton.next_power_of_2(heads), BLOCK=triton.next_power_of_2(dim // 2),
-        INTERP=INTERPRETED,
+        HALF=half, PASS=dim - 2 * half, BLOCK_H=triton.next_power_of_2(heads), BLOCK=triton.next_power_of_2(half),
+        BLOCK_P=triton.next_power_of_2(max(dim - 2 * half, 1)), INTERP=INTERPRETED,
     )
     return out
 

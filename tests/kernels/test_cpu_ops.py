@@ -87,6 +87,21 @@ def test_rope_qk_is_torch_bit_for_bit_in_place(gen, dtype, tokens, dim, level):
     assert torch.equal(qkv[:, (heads + kv_heads) * dim :], v_before)  # v untouched
 
 
+@pytest.mark.parametrize("dtype", ALL)
+@pytest.mark.parametrize("dim,rot", [(64, 48), (128, 96), (20, 12), (16, 2)])  # 12: a masked half row
+def test_partial_rope_qk_is_torch_bit_for_bit_and_passes_the_rest_through(gen, dtype, dim, rot, level):
+    heads, kv_heads, tokens = 5, 2, 9
+    table = ops.Rotary(ops.rope_inv_freq(rot, 10000.0), 256, attention_factor=1.2)
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen) * 2).to(dtype)
+    pos = torch.randint(0, 256, (tokens,), generator=gen)
+    before = qkv.clone().view(tokens, -1, dim)
+    want = ops.rope_qk(qkv.clone(), heads + kv_heads, dim, ops.rope_cache(table, pos, dtype))
+    got = cpu_ops.rope_qk(qkv, heads + kv_heads, dim, cpu_ops.rope_cache(table, pos, dtype))
+    assert torch.equal(got, want)
+    assert torch.equal(qkv.view(tokens, -1, dim)[:, :, rot:], before[:, :, rot:])  # the unrotated columns, v
+    assert not torch.equal(got[:, :, :rot], before[:, : heads + kv_heads, :rot])
+
+
 def test_rope_qk_refuses_a_position_past_the_tables(gen, level):
     rot, qkv, _ = _rope_case(gen, torch.bfloat16, 2, 2, 1, 16, 8)
     with pytest.raises(RuntimeError, match="position out of"):

@@ -42,6 +42,22 @@ def test_rope_rotates_pairs_by_position_angle():
     torch.testing.assert_close(got.norm(dim=-1), x.norm(dim=-1))
 
 
+def test_partial_rope_is_hf_phi3s_bit_for_bit():
+    """Partial rotary (tables narrower than the head): the first R columns rotate, the rest pass."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    dim, rot = 16, 12
+    table = Rotary(rope_inv_freq(rot, 10000.0), 32, attention_factor=1.1)
+    q, k = torch.randn(5, 3, dim), torch.randn(5, 2, dim)
+    pos = torch.tensor([0, 3, 9, 17, 31])
+    cos, sin = table.lookup(pos, torch.float32)
+    hf_cos, hf_sin = torch.cat((cos, cos), dim=-1)[None, :, 0], torch.cat((sin, sin), dim=-1)[None, :, 0]
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], hf_cos, hf_sin)
+    assert torch.equal(apply_rope(q, cos, sin), want_q[0].transpose(0, 1))
+    assert torch.equal(apply_rope(k, cos, sin), want_k[0].transpose(0, 1))
+    assert torch.equal(apply_rope(q, cos, sin)[..., rot:], q[..., rot:])
+
+
 def test_rope_scaling_variants():
     base = rope_inv_freq(64, 500000.0)
     torch.testing.assert_close(rope_inv_freq(64, 500000.0, {"rope_type": "linear", "factor": 4.0}), base / 4)

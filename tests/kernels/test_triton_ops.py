@@ -42,3 +42,17 @@ def test_rope_on_a_qkv_view(gen, dtype):
     rot = ops.Rotary(ops.rope_inv_freq(dim, 10000.0), 64, DEVICE)
     cos, sin = rot.lookup(torch.randint(0, 64, (t,), generator=gen).to(DEVICE), dtype)
     _close(triton_ops.apply_rope(x, cos, sin), ops.apply_rope(x, cos, sin), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim,rot", [(64, 48), (20, 12)])
+def test_partial_rope_passes_the_rest_of_each_head_through(gen, dtype, dim, rot):
+    """Phi-3's partial rotary: the tables cover the first ``rot`` columns of each head."""
+    t, heads = 6, 5
+    qkv = torch.randn(t, (heads + 2) * dim, generator=gen).to(DEVICE, dtype)
+    x = qkv[:, : heads * dim].view(t, heads, dim)
+    rot_tables = ops.Rotary(ops.rope_inv_freq(rot, 10000.0), 64, DEVICE)
+    cos, sin = rot_tables.lookup(torch.randint(0, 64, (t,), generator=gen).to(DEVICE), dtype)
+    got = triton_ops.apply_rope(x, cos, sin)
+    _close(got, ops.apply_rope(x, cos, sin), dtype)
+    assert torch.equal(got[..., rot:], x[..., rot:])

@@ -3,7 +3,9 @@
 //   qkv        [T, W] fp32 / bf16 / fp16, contiguous; the first heads * D columns (the
 //              q heads, then the k heads) are rotated, the rest (v) is left alone
 //   positions  [T] int64, each < P
-//   cos, sin   [P, D/2] fp32: the model's tables (ops.Rotary), looked up here per token
+//   cos, sin   [P, R/2] fp32: the model's tables (ops.Rotary), looked up here per token;
+//              R = D, or less under partial rotary (Phi-3): the first R of each head
+//              rotate, the other D - R pass through untouched (HF's apply_rotary_pos_emb)
 //
 // Half-split (NeoX / HF) rotation with the torch version's rounding points
 // (ops.apply_rope over cos/sin already cast to T):
@@ -22,8 +24,7 @@ namespace {
 namespace rv = rmk::rows;
 
 template <typename T>
-void rope_token(T* x, const float* cos, const float* sin, int64_t heads, int64_t D) {
-  const int64_t half = D / 2;
+void rope_token(T* x, const float* cos, const float* sin, int64_t heads, int64_t D, int64_t half) {
   for (int64_t i = 0; i < half; i += rv::kLanes) {
     const rv::Mask m = rv::tail(half - i);
     const rv::vf c = rv::round_to<T>(rv::load(cos + i, m)), s = rv::round_to<T>(rv::load(sin + i, m));
@@ -44,8 +45,7 @@ void rope_token(T* x, const float* cos, const float* sin, int64_t heads, int64_t
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 template <typename T>
-void rope_token(T* x, const float* cos, const float* sin, int64_t heads, int64_t D) {
-  const int64_t half = D / 2;
+void rope_token(T* x, const float* cos, const float* sin, int64_t heads, int64_t D, int64_t half) {
   auto r = [](float v) { return rmk::to_f(rmk::from_f<T>(v)); };
   for (int64_t h = 0; h < heads; ++h) {
     T* x1p = x + h * D;
@@ -70,10 +70,11 @@ void rope_qk_(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& co
               "qkv must be fp32, bf16 or fp16");
   TORCH_CHECK(head_dim % 2 == 0 && heads >= 0 && heads * head_dim <= qkv.size(1), "heads * head_dim exceeds qkv's rows");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
-              sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) == head_dim / 2,
-              "cos, sin must be contiguous fp32 [P, head_dim / 2]");
+              sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) >= 1 &&
+              2 * cos.size(1) <= head_dim,
+              "cos, sin must be contiguous fp32 [P, R / 2], R <= head_dim the rotated width");
   check_index(positions, "positions");
-  const int64_t T_ = qkv.size(0), W = qkv.size(1), P = cos.size(0), half = head_dim / 2;
+  const int64_t T_ = qkv.size(0), W = qkv.size(1), P = cos.size(0), half = cos.size(1);
   TORCH_CHECK(positions.size(0) == T_, "one position per token");
   const int64_t* pos = positions.data_ptr<int64_t>();
   for (int64_t t = 0; t < T_; ++t) TORCH_CHECK(pos[t] >= 0 && pos[t] < P, "position out of the rotary tables' range");
@@ -83,7 +84,7 @@ void rope_qk_(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& co
     scalar_t* x_p = qkv.data_ptr<scalar_t>();
     at::parallel_for(0, T_, 16, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
-        rope_token(x_p + t * W, cos_p + pos[t] * half, sin_p + pos[t] * half, heads, head_dim);
+        rope_token(x_p + t * W, cos_p + pos[t] * half, sin_p + pos[t] * half, heads, head_dim, half);
     });
   });
 }
