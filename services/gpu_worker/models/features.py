@@ -34,6 +34,11 @@ def rope_type(raw: dict) -> str:
     return rope.get("rope_type", rope.get("type", "default"))
 
 
+def partial_rotary_factor(raw: dict) -> float:
+    """The share of each head that rotates (Phi-3 / Phi-4-mini: 0.75); the rest passes through."""
+    return float(rope_params(raw).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+
+
 def sliding_windows(raw: dict) -> tuple[int | None, ...]:
     """Each layer's attention window where it binds (shorter than max_position_embeddings), else
     None. Qwen2/3 turn windows on with ``use_sliding_window`` and keep the first
@@ -59,7 +64,7 @@ def asks(raw: dict) -> list[Ask]:
     out += [Ask("moe", f, raw[f]) for f in MOE_FIELDS if raw.get(f)]
     if "text_config" in raw:
         out.append(Ask("text_config", "text_config", "a multimodal wrapper's text model"))
-    if (factor := rope_params(raw).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+    if (factor := partial_rotary_factor(raw)) != 1.0:
         out.append(Ask("partial_rotary", "partial_rotary_factor", factor))
     out += [Ask("softcap", f, raw[f]) for f in SOFTCAPS if raw.get(f)]
     if any(windows := sliding_windows(raw)):

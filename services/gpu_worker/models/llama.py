@@ -17,7 +17,8 @@ from .config import ModelConfig
 from .features import refuse_unsupported
 from .layer_loop import LayerLoop
 from .layers import ROPE_TYPES, rotary
-from .weights import LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
+from .weights import (SPLIT_NAMES, LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights,
+                      pack_weights)
 
 
 class LlamaModel:
@@ -34,6 +35,7 @@ class LlamaModel:
     # layer opts out, and so does a config using a feature the loop lacks
     FAST_DECODE_LOOP = True
     QK_NORM = False  # per-head q/k RMSNorm weights in the checkpoint (qwen3.py)
+    WEIGHT_NAMES = SPLIT_NAMES  # the checkpoint's parts of the fused qkv / gate_up (phi3.py: FUSED_NAMES)
 
     def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", pack: bool = True,
                  kernel: str = "auto", bf16_weights: bool = False, max_positions: int | None = None) -> None:
@@ -41,7 +43,7 @@ class LlamaModel:
         refuse_unsupported(cfg.raw, self.FEATURES, f"{path} ({cfg.architecture})")
         self.fast_decode_loop = self.FAST_DECODE_LOOP and not any(cfg.sliding_windows)
         self.dtype, self.device = dtype, torch.device(device)
-        self.weights = load_weights(path, cfg, dtype, device, qk_norm=self.QK_NORM)
+        self.weights = load_weights(path, cfg, dtype, device, qk_norm=self.QK_NORM, names=self.WEIGHT_NAMES)
         # NOTE: packed (oneDNN-blocked) weights are opaque to torch.compile: a compiled
         # step keeps plain ones
         # ``kernel``: the linears' packed form (weights.linear_kernel; ``bf16_weights``: auto's

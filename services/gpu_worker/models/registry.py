@@ -14,6 +14,7 @@ MODELS = {
     "MistralForCausalLM": "llama:LlamaModel",
     "Qwen2ForCausalLM": "llama:LlamaModel",
     "Qwen3ForCausalLM": "qwen3:Qwen3Model",
+    "Phi3ForCausalLM": "phi3:Phi3Model",
 }
 
 # NOTE: architectures people serve that are known and not implemented yet: a reason beats a bare "no"
@@ -24,7 +25,6 @@ NOT_YET = {
                          "local/global layers with their own rope) is not implemented",
     "Gemma3ForConditionalGeneration": "a multimodal wrapper (text_config): Gemma 3 is not implemented",
     "Gemma2ForCausalLM": "Gemma 2's layer (soft-capping, sandwich norms, GeGLU) is not implemented",
-    "Phi3ForCausalLM": "Phi-3's fused qkv / gate_up weights, partial rotary and longrope are not implemented",
     "Mistral3ForConditionalGeneration": "a multimodal wrapper (text_config) is not implemented",
 }
 

@@ -75,13 +75,22 @@ class _Reader:
         return sorted(n for n in self._where if n not in self.read and not n.endswith("rotary_emb.inv_freq"))
 
 
-def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu", qk_norm: bool = False) -> ModelWeights:
-    """The checkpoint's tensors, fused per layer; ``qk_norm``: the layers' per-head q/k norms too.
+# the checkpoint's names of each fused tensor's parts, in their order (HF Llama's split ones, or
+# Phi-3's already fused qkv_proj / gate_up_proj: q, k, v rows and gate, up rows likewise)
+SPLIT_NAMES = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+               "gate_up": ("mlp.gate_proj", "mlp.up_proj")}
+FUSED_NAMES = {"qkv": ("self_attn.qkv_proj",), "gate_up": ("mlp.gate_up_proj",)}
+
+
+def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu", qk_norm: bool = False,
+                 names: dict[str, tuple[str, ...]] = SPLIT_NAMES) -> ModelWeights:
+    """The checkpoint's tensors, fused per layer; ``qk_norm``: the layers' per-head q/k norms too;
+    ``names``: the checkpoint's parts of each fused tensor (SPLIT_NAMES or FUSED_NAMES).
     Raises UnsupportedModel for tensors left unread: weights of a layer this model lacks (a
     Qwen3 checkpoint relabelled Qwen2 would otherwise answer wrongly)."""
     r = _Reader(path, dtype, device)
     embed = r.get("model.embed_tokens.weight")
-    layers = [_load_layer(r, f"model.layers.{i}.", qk_norm) for i in range(cfg.num_layers)]
+    layers = [_load_layer(r, f"model.layers.{i}.", qk_norm, names) for i in range(cfg.num_layers)]
     head = r.has("lm_head.weight")  # NOTE: read even when tied (HF ignores a tied model's copy)
     tied = cfg.tie_word_embeddings or not head
     lm_head = embed if tied else r.get("lm_head.weight")
@@ -93,17 +102,18 @@ def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu",
     return weights
 
 
-def _load_layer(r: _Reader, p: str, qk_norm: bool) -> LayerWeights:
+def _load_layer(r: _Reader, p: str, qk_norm: bool, names: dict[str, tuple[str, ...]]) -> LayerWeights:
     attn, mlp = p + "self_attn.", p + "mlp."
+    qkv, gate_up = [p + n for n in names["qkv"]], [p + n for n in names["gate_up"]]
     return LayerWeights(
         input_norm=r.get(p + "input_layernorm.weight"),
-        qkv=_cat(r, [attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"]),
-        qkv_bias=_cat(r, [attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"]),
+        qkv=_cat(r, [n + ".weight" for n in qkv]),
+        qkv_bias=_cat(r, [n + ".bias" for n in qkv]),
         o_proj=r.get(attn + "o_proj.weight"),
         o_bias=r.maybe(attn + "o_proj.bias"),
         post_norm=r.get(p + "post_attention_layernorm.weight"),
-        gate_up=_cat(r, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
-        gate_up_bias=_cat(r, [mlp + "gate_proj.bias", mlp + "up_proj.bias"]),
+        gate_up=_cat(r, [n + ".weight" for n in gate_up]),
+        gate_up_bias=_cat(r, [n + ".bias" for n in gate_up]),
         down=r.get(mlp + "down_proj.weight"),
         down_bias=r.maybe(mlp + "down_proj.bias"),
         q_norm=r.get(attn + "q_norm.weight") if qk_norm else None,
@@ -115,6 +125,8 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
     """Concatenate along the output dim; None when the first (a bias) is absent."""
     if not r.has(names[0]):
         return None
+    if len(names) == 1:  # NOTE: fused in the checkpoint already: no copy
+        return r.get(names[0]).contiguous()
     return torch.cat([r.get(name) for name in names], dim=0).contiguous()
 
 

@@ -14,12 +14,31 @@ SMALL = dict(
     num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
 )
 
+
+def longrope(rot_dim: int, original: int) -> dict:
+    """Phi-3's ``longrope`` rope parameters for a rotated width ``rot_dim`` (short and long factors
+    far apart, so serving one set for the other shows)."""
+    return {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": original,
+            "short_factor": [1.0 + 0.05 * i for i in range(rot_dim // 2)],
+            "long_factor": [1.0 + 0.7 * i for i in range(rot_dim // 2)]}
+
+
+# Phi-3 (and Phi-4's) own defaults: token ids inside the tiny vocabulary; a 4-token original
+# context, so HF's longrope uses its long factors on every prompt, as a server whose context
+# passes the original one does (tests/gpu_worker/models/test_phi3.py: the short factors)
+PHI = {"eos_token_id": 2, "pad_token_id": None, "original_max_position_embeddings": 4}
+
 # short name -> (HF config class, HF model class, its own defaults to override)
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"head_dim": 16, "sliding_window": None}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    # Phi-3-mini-128k: full rotary, longrope; Phi-4-mini: 0.75 of each head rotates; Phi-4 (14B): neither
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {**PHI, "rope_parameters": longrope(16, 4)}),
+    "phi4-mini": ("Phi3Config", "Phi3ForCausalLM", {**PHI, "partial_rotary_factor": 0.75,
+                                                     "rope_parameters": longrope(12, 4)}),
+    "phi4": ("Phi3Config", "Phi3ForCausalLM", {**PHI, "rope_parameters": {"rope_type": "default", "rope_theta": 2.5e5}}),
 }
 
 

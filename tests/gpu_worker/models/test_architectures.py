@@ -20,6 +20,9 @@ CASES = {  # name -> (architecture, config overrides)
     "qwen2": ("qwen2", {}),
     "mistral": ("mistral", {}),
     "qwen3": ("qwen3", {}),
+    "phi3": ("phi3", {}),  # longrope, long factors (short ones: test_phi3.py)
+    "phi4-mini": ("phi4-mini", {}),  # partial rotary and longrope
+    "phi4": ("phi4", {}),
     "mistral-window": ("mistral", {"sliding_window": 16}),
     "qwen2-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}),
     **{f"llama-rope-{k}": ("llama", {"rope_parameters": {**v, "rope_theta": 1e4}})

@@ -13,7 +13,7 @@ from .checkpoints import ARCHS, edit_config, write, write_config
 
 
 def test_every_architecture_names_a_model_class():
-    assert {model_class(a).__name__ for a in MODELS} == {"LlamaModel", "Qwen3Model"}
+    assert {model_class(a).__name__ for a in MODELS} == {"LlamaModel", "Qwen3Model", "Phi3Model"}
     assert {ARCHS[a][1] for a in ARCHS} <= set(MODELS)
 
 
@@ -21,9 +21,8 @@ LLAMA3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embedd
 
 REFUSED = [  # (architecture, config overrides, words the error must hold)
     ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
-    ("llama", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
-                                    "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}),
-     "rope_parameters.rope_type='longrope'"),
+    ("llama", dict(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4}),
+     "rope_parameters.rope_type='proportional'"),
 ]
 
 
@@ -55,7 +54,7 @@ def test_edited_configs_are_refused_with_the_field(tmp_path, edit, words):
     assert words in str(err.value)
 
 
-@pytest.mark.parametrize("arch,reason", [("Gemma3ForCausalLM", "Gemma 3"), ("Phi3ForCausalLM", "partial rotary"),
+@pytest.mark.parametrize("arch,reason", [("Gemma3ForCausalLM", "Gemma 3"), ("Mistral3ForConditionalGeneration", "multimodal"),
                                          ("Qwen3MoeForCausalLM", "mixture-of-experts"), ("GPT2LMHeadModel", "unknown")])
 def test_architectures_not_served_are_refused_with_a_reason(tmp_path, arch, reason):
     write_config("llama", tmp_path)
