@@ -1,5 +1,6 @@
 """Architectures beside the default model through the real stack (`--model DIR --dtype float32`):
-tiny random Qwen3 and Mistral (a 16-token sliding window that binds, on the torch backend)
+tiny random Qwen3, Mistral (a 16-token sliding window that binds, on the torch backend) and
+Phi-4-mini (fused weights, partial rotary, longrope's short factors under --max-model-len 64)
 checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF generate: one at a time,
 again from the prefix cache, all at once, in 8-token prefill chunks."""
 
@@ -14,7 +15,7 @@ import torch
 
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
 
-from ..gpu_worker.models.checkpoints import write
+from ..gpu_worker.models.checkpoints import longrope, write
 from ..gpu_worker.models.greedy import hf_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -24,6 +25,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 FAMILIES = {  # name -> (architecture, config overrides, the worker's extra flags)
     "qwen3": ("qwen3", {}, []),
     "mistral-window": ("mistral", {"sliding_window": 16}, ["--attention-backend", "torch"]),
+    "phi4-mini": ("phi4-mini", {"original_max_position_embeddings": 64, "rope_parameters": longrope(12, 64)},
+                  ["--max-model-len", "64"]),
 }
 
 
