@@ -66,7 +66,8 @@ class Rotary:
         self.sin = (freqs.sin() * attention_factor).to(device)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ([T, 1, R/2], R the rotated width: D, or less under partial rotary) of each token's position, once per step for all layers."""
+        """cos/sin ([T, 1, R/2]; R the rotated width: D, or less under partial rotary) of each
+        token's position, once per step for all layers."""
         return self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype)
 
 

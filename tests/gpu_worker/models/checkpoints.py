@@ -38,7 +38,8 @@ ARCHS = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {**PHI, "rope_parameters": longrope(16, 4)}),
     "phi4-mini": ("Phi3Config", "Phi3ForCausalLM", {**PHI, "partial_rotary_factor": 0.75,
                                                      "rope_parameters": longrope(12, 4)}),
-    "phi4": ("Phi3Config", "Phi3ForCausalLM", {**PHI, "rope_parameters": {"rope_type": "default", "rope_theta": 2.5e5}}),
+    "phi4": ("Phi3Config", "Phi3ForCausalLM", {**PHI, "rope_parameters": {"rope_type": "default",
+                                                                           "rope_theta": 2.5e5}}),
 }
 
 
