@@ -26,10 +26,11 @@ class LayerWeights:
     o_proj: torch.Tensor  # [hidden, heads * head_dim]
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * inter, hidden]: gate rows first
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor  # [hidden, inter]
-    down_bias: torch.Tensor | None
+    gate_up: torch.Tensor | None = None  # [2 * inter, hidden]: gate rows first (None: a sparse layer's)
+    gate_up_bias: torch.Tensor | None = None
+    down: torch.Tensor | None = None  # [hidden, inter]
+    down_bias: torch.Tensor | None = None
+    experts: object | None = None  # a sparse layer's router and experts (moe_layer.Experts), in the dense MLP's place
     q_norm: torch.Tensor | None = None  # [head_dim]: per-head RMSNorm of q before RoPE (Qwen3)
     k_norm: torch.Tensor | None = None
 
@@ -75,13 +76,15 @@ class _Reader:
         return sorted(n for n in self._where if n not in self.read and not n.endswith("rotary_emb.inv_freq"))
 
 
-def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu", qk_norm: bool = False) -> ModelWeights:
-    """The checkpoint's tensors, fused per layer; ``qk_norm``: the layers' per-head q/k norms too.
+def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu", qk_norm: bool = False,
+                 experts=None) -> ModelWeights:
+    """The checkpoint's tensors, fused per layer; ``qk_norm``: the layers' per-head q/k norms too;
+    ``experts(reader, layer)``: a layer's mixture-of-experts weights, None where it is dense (moe.py).
     Raises UnsupportedModel for tensors left unread: weights of a layer this model lacks (a
     Qwen3 checkpoint relabelled Qwen2 would otherwise answer wrongly)."""
     r = _Reader(path, dtype, device)
     embed = r.get("model.embed_tokens.weight")
-    layers = [_load_layer(r, f"model.layers.{i}.", qk_norm) for i in range(cfg.num_layers)]
+    layers = [_load_layer(r, f"model.layers.{i}.", qk_norm, experts and experts(r, i)) for i in range(cfg.num_layers)]
     head = r.has("lm_head.weight")  # NOTE: read even when tied (HF ignores a tied model's copy)
     tied = cfg.tie_word_embeddings or not head
     lm_head = embed if tied else r.get("lm_head.weight")
@@ -93,8 +96,8 @@ def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu",
     return weights
 
 
-def _load_layer(r: _Reader, p: str, qk_norm: bool) -> LayerWeights:
-    attn, mlp = p + "self_attn.", p + "mlp."
+def _load_layer(r: _Reader, p: str, qk_norm: bool, experts=None) -> LayerWeights:
+    attn = p + "self_attn."
     return LayerWeights(
         input_norm=r.get(p + "input_layernorm.weight"),
         qkv=_cat(r, [attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"]),
@@ -102,13 +105,16 @@ def _load_layer(r: _Reader, p: str, qk_norm: bool) -> LayerWeights:
         o_proj=r.get(attn + "o_proj.weight"),
         o_bias=r.maybe(attn + "o_proj.bias"),
         post_norm=r.get(p + "post_attention_layernorm.weight"),
-        gate_up=_cat(r, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
-        gate_up_bias=_cat(r, [mlp + "gate_proj.bias", mlp + "up_proj.bias"]),
-        down=r.get(mlp + "down_proj.weight"),
-        down_bias=r.maybe(mlp + "down_proj.bias"),
         q_norm=r.get(attn + "q_norm.weight") if qk_norm else None,
         k_norm=r.get(attn + "k_norm.weight") if qk_norm else None,
+        **(_dense_mlp(r, p + "mlp.") if experts is None else {"experts": experts}),
     )
+
+
+def _dense_mlp(r: _Reader, mlp: str) -> dict:
+    return dict(gate_up=_cat(r, [mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
+                gate_up_bias=_cat(r, [mlp + "gate_proj.bias", mlp + "up_proj.bias"]),
+                down=r.get(mlp + "down_proj.weight"), down_bias=r.maybe(mlp + "down_proj.bias"))
 
 
 def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
@@ -224,7 +230,7 @@ def fp32_copy_fits(w: ModelWeights, share: float = 0.25, available: int | None =
     free = memory.available_bytes() if available is None else available
     if free is None:
         return True
-    weights = [getattr(layer, name) for layer in w.layers for name in LINEARS] + [w.lm_head]
+    weights = [t for layer in w.layers for name in LINEARS if (t := getattr(layer, name)) is not None] + [w.lm_head]
     return sum(math.prod(t.shape) for t in weights) * 4 <= share * free  # NOTE: plain or packed alike
 
 
@@ -233,7 +239,8 @@ def pack_weights(w: ModelWeights, kernel: str = "onednn") -> None:
     the embedding it is tied to stays plain for the lookup)."""
     for layer in w.layers:
         for name in LINEARS:
-            setattr(layer, name, pack(getattr(layer, name), kernel))
+            if getattr(layer, name) is not None:  # NOTE: a sparse layer's experts pack themselves (moe.py)
+                setattr(layer, name, pack(getattr(layer, name), kernel))
     w.lm_head = pack(w.lm_head, kernel)
 
 

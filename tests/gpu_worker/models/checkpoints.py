@@ -20,6 +20,10 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"head_dim": 16, "sliding_window": None}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
+                                                           "moe_intermediate_size": 48, "norm_topk_prob": True}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                                       "intermediate_size": 64, "sliding_window": None}),
 }
 
 

@@ -20,6 +20,9 @@ CASES = {  # name -> (architecture, config overrides)
     "qwen2": ("qwen2", {}),
     "mistral": ("mistral", {}),
     "qwen3": ("qwen3", {}),
+    "qwen3_moe": ("qwen3_moe", {}),
+    "qwen3_moe-dense-layer": ("qwen3_moe", {"norm_topk_prob": False, "mlp_only_layers": [0]}),
+    "mixtral": ("mixtral", {}),
     "mistral-window": ("mistral", {"sliding_window": 16}),
     "qwen2-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}),
     **{f"llama-rope-{k}": ("llama", {"rope_parameters": {**v, "rope_theta": 1e4}})

@@ -13,7 +13,7 @@ from .checkpoints import ARCHS, edit_config, write, write_config
 
 
 def test_every_architecture_names_a_model_class():
-    assert {model_class(a).__name__ for a in MODELS} == {"LlamaModel", "Qwen3Model"}
+    assert {model_class(a).__name__ for a in MODELS} == {"LlamaModel", "Qwen3Model", "Qwen3MoeModel", "MixtralModel"}
     assert {ARCHS[a][1] for a in ARCHS} <= set(MODELS)
 
 
@@ -24,6 +24,7 @@ REFUSED = [  # (architecture, config overrides, words the error must hold)
     ("llama", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
                                     "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}),
      "rope_parameters.rope_type='longrope'"),
+    ("qwen3_moe", dict(shared_expert_intermediate_size=64), "shared_expert_intermediate_size=64 (moe:shared_experts)"),
 ]
 
 
@@ -56,7 +57,7 @@ def test_edited_configs_are_refused_with_the_field(tmp_path, edit, words):
 
 
 @pytest.mark.parametrize("arch,reason", [("Gemma3ForCausalLM", "Gemma 3"), ("Phi3ForCausalLM", "partial rotary"),
-                                         ("Qwen3MoeForCausalLM", "mixture-of-experts"), ("GPT2LMHeadModel", "unknown")])
+                                         ("Mistral3ForConditionalGeneration", "multimodal"), ("GPT2LMHeadModel", "unknown")])
 def test_architectures_not_served_are_refused_with_a_reason(tmp_path, arch, reason):
     write_config("llama", tmp_path)
     edit_config(tmp_path, lambda c: c.update(architectures=[arch]))
