@@ -1,6 +1,6 @@
 """Architectures beside the default model through the real stack (`--model DIR --dtype float32`):
-tiny random Qwen3 and Mistral (a 16-token sliding window that binds, on the torch backend)
-checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF generate: one at a time,
+tiny random Qwen3, Mistral (a 16-token sliding window that binds, on the torch backend), Qwen3-MoE
+and Mixtral checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF generate: one at a time,
 again from the prefix cache, all at once, in 8-token prefill chunks."""
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 FAMILIES = {  # name -> (architecture, config overrides, the worker's extra flags)
     "qwen3": ("qwen3", {}, []),
     "mistral-window": ("mistral", {"sliding_window": 16}, ["--attention-backend", "torch"]),
+    "qwen3_moe": ("qwen3_moe", {}, []),
+    "mixtral": ("mixtral", {}, []),
 }
 
 
