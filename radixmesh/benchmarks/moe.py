@@ -2,7 +2,7 @@
 choice) pairs, on one sparse layer of a Qwen3-30B-A3B-shaped model (by default: 128 experts,
 top-8, hidden 2048, expert width 768), random weights.
 
-    python -m radixmesh.benchmarks.moe [--tokens 1 8 64 256] [--dtype bfloat16]
+    python -m radixmesh.benchmarks.moe [--tokens 1 8 64 256] [--dtype bfloat16] [--threads 1]
 """
 
 from __future__ import annotations
@@ -44,9 +44,12 @@ def main(argv=None) -> None:
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--inter", type=int, default=768)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--threads", type=int, default=0, help="torch's threads (0: its default)")
     p.add_argument("--naive-max", type=int, default=64, help="skip the naive loop above this many tokens")
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
+    if args.threads:
+        torch.set_num_threads(args.threads)  # NOTE: on a loaded machine one thread waits on no other
     g = torch.Generator().manual_seed(0)
     e, h, i = args.experts, args.hidden, args.inter
     gate_up = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype)

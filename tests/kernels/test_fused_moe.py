@@ -56,3 +56,22 @@ def test_align_sorts_pairs_by_expert_in_whole_blocks(gen):
     assert block_expert[:3].tolist() == [0, 1, 3]
     assert pairs.numel() >= 6 + 4 * 3 and pairs.numel() % 4 == 0  # room for any routing
     assert BLOCK_M >= 16  # tl.dot's smallest tile
+
+
+@pytest.mark.slow  # the interpreter runs the attention and expert kernels of every step
+def test_a_moe_model_through_the_fused_kernel_matches_hf(tmp_path):
+    """Qwen3-MoE on the Triton backend with its experts through fused_experts (on a CPU: the
+    interpreter, the model told to take the kernel): greedy tokens identical to HF fp32."""
+    from services.gpu_worker import ModelRunner, RunnerConfig
+    from tests.gpu_worker.models.checkpoints import write
+    from tests.gpu_worker.models.greedy import Slots, generate, hf_greedy
+
+    hf = write("qwen3_moe", tmp_path)
+    prompts = [torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(1)).tolist() for n in (11, 5)]
+    refs = [hf_greedy(hf, p, 4) for p in prompts]
+    assert min(gap for _, gap in refs) > 1e-4
+    runner = ModelRunner(RunnerConfig(model=str(tmp_path), attention_backend="triton", kv_slots=128, max_requests=2,
+                                      device=DEVICE, dtype="float32", pack_weights=False))
+    runner.model.fused_moe = True
+    outs, _ = generate(runner, prompts, 4, Slots(128))
+    assert outs == [tokens for tokens, _ in refs]

@@ -31,6 +31,7 @@ class MoEModel(LlamaModel):
 
     def __init__(self, path, *args, **kwargs) -> None:
         super().__init__(path, *args, **kwargs)
+        self.fused_moe = self.device.type == "cuda"  # the Triton kernel (libs/kernels/fused_moe.py); tests set it on a CPU
         if self.packed:  # NOTE: on a CPU each expert's linears take the dense ones' packed form
             for layer in self.weights.layers:
                 if layer.experts is not None:
@@ -69,7 +70,7 @@ class MoEModel(LlamaModel):
             return super()._layer_out(x, o, layer, ops)
         o = linear(o.reshape(x.shape[0], -1), layer.o_proj, layer.o_bias)
         x, h = ops.add_rmsnorm(x, o, layer.post_norm, self.config.rms_norm_eps)
-        return x, experts_forward(h, layer.experts, self.router, ops)
+        return x, experts_forward(h, layer.experts, self.router, ops, self.fused_moe)
 
 
 class Qwen3MoeModel(MoEModel, Qwen3Model):
