@@ -67,7 +67,8 @@ def main(argv=None) -> None:
         repeat = max(2, 64 // t)
         slow = _time(lambda: naive(x, gate_up, down, weights, ids), 2) if t <= args.naive_max else float("nan")
         plain = _time(lambda: grouped_experts(x, gate_up, down, weights, ids, ops.silu_mul), repeat)
-        fast = _time(lambda: grouped_experts(x, *packed, weights, ids, ops.silu_mul), repeat) if packed else float("nan")
+        fast = (_time(lambda: grouped_experts(x, *packed, weights, ids, ops.silu_mul), repeat)
+                if packed else float("nan"))
         print(f"| {t} | {slow:.1f} | {plain:.1f} | {fast:.1f} | {slow / fast:.1f}x |")
 
 

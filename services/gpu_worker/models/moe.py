@@ -31,7 +31,8 @@ class MoEModel(LlamaModel):
 
     def __init__(self, path, *args, **kwargs) -> None:
         super().__init__(path, *args, **kwargs)
-        self.fused_moe = self.device.type == "cuda"  # the Triton kernel (libs/kernels/fused_moe.py); tests set it on a CPU
+        # the experts through the Triton kernel (libs/kernels/fused_moe.py); a test sets it on a CPU
+        self.fused_moe = self.device.type == "cuda"
         if self.packed:  # NOTE: on a CPU each expert's linears take the dense ones' packed form
             for layer in self.weights.layers:
                 if layer.experts is not None:
@@ -60,9 +61,10 @@ class MoEModel(LlamaModel):
         return self._checked(Experts(reader.get(p + block + "gate.weight"), gate_up, down), layer)
 
     def _checked(self, experts: Experts, layer: int) -> Experts:
-        if experts.gate.shape[0] != self.router.experts or experts.gate_up.shape[0] != self.router.experts:
-            raise UnsupportedModel(f"layer {layer}: {experts.gate.shape[0]} router rows and {experts.gate_up.shape[0]} "
-                                   f"experts in the checkpoint, {self.router.experts} in config.json")
+        n = self.router.experts
+        if experts.gate.shape[0] != n or experts.gate_up.shape[0] != n:
+            raise UnsupportedModel(f"layer {layer}: the checkpoint's router scores {experts.gate.shape[0]} experts "
+                                   f"({experts.gate_up.shape[0]} read), config.json says {n}")
         return experts
 
     def _layer_out(self, x, o, layer: LayerWeights, ops):

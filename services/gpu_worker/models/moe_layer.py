@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from libs.kernels import ops as torch_ops
+
 from .weights import linear, pack
 
 
@@ -54,6 +56,8 @@ def experts_forward(h: torch.Tensor, experts: Experts, router: Router, ops, fuse
         from libs.kernels.fused_moe import fused_experts
 
         return fused_experts(h, experts.gate_up, experts.down, weights, ids, ops.silu_mul)
+    if torch.compiler.is_compiling():  # NOTE: a compiled step's weights are plain (compiled.py)
+        return _grouped_op(h, experts.gate_up, experts.down, weights, ids)
     return grouped_experts(h, experts.gate_up, experts.down, weights, ids, ops.silu_mul)
 
 
@@ -72,3 +76,15 @@ def grouped_experts(x: torch.Tensor, gate_up, down, weights: torch.Tensor, ids: 
             start += n
     scaled = (out * weights.reshape(-1)[order, None]).to(x.dtype)
     return torch.zeros_like(x).index_add_(0, order // top, scaled)
+
+
+# NOTE: the per-expert row counts are data: opaque to a compiled step's full graph as a custom op
+@torch.library.custom_op("radixmesh::grouped_experts", mutates_args=())
+def _grouped_op(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                ids: torch.Tensor) -> torch.Tensor:
+    return grouped_experts(x, gate_up, down, weights, ids, torch_ops.silu_mul)
+
+
+@_grouped_op.register_fake
+def _(x, gate_up, down, weights, ids):
+    return torch.empty_like(x)
