@@ -34,9 +34,9 @@ def _expert_gemm_kernel(
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(Total):
         return
-    pair = tl.load(Pairs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    pair = tl.load(Pairs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # NOTE: offsets past 2^31
     real = pair < valid  # NOTE: padding holds ``valid`` itself
-    expert = tl.load(BlockExpert + pid_m)
+    expert = tl.load(BlockExpert + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptr = A + (pair // ROWS_PER_A)[:, None] * stride_am + offs_k[None, :]

@@ -231,6 +231,7 @@ def fp32_copy_fits(w: ModelWeights, share: float = 0.25, available: int | None =
     if free is None:
         return True
     weights = [t for layer in w.layers for name in LINEARS if (t := getattr(layer, name)) is not None] + [w.lm_head]
+    weights += [t for layer in w.layers if layer.experts is not None for t in (layer.experts.gate_up, layer.experts.down)]
     return sum(math.prod(t.shape) for t in weights) * 4 <= share * free  # NOTE: plain or packed alike
 
 

@@ -151,3 +151,15 @@ def test_a_compiled_step_runs_the_experts_as_an_opaque_op(tmp_path):
                                       compile=True, compile_sizes=(2, 32)))
     outs, _ = generate(runner, prompts, 4, Slots(256))
     assert outs == [tokens for tokens, _ in refs]
+
+
+def test_the_fp32_copy_check_counts_the_experts(tmp_path):
+    """tiles+onednn's fp32 copy is taken only where it fits: the experts are most of a MoE's weights."""
+    from services.gpu_worker.models.weights import fp32_copy_fits
+
+    write("qwen3_moe", tmp_path)
+    w = load_model(tmp_path, pack=False).weights
+    experts = sum(t.numel() for layer in w.layers for t in (layer.experts.gate_up, layer.experts.down))
+    dense = sum(t.numel() for layer in w.layers for t in (layer.qkv, layer.o_proj)) + w.lm_head.numel()
+    assert fp32_copy_fits(w, share=1.0, available=(dense + experts) * 4)
+    assert not fp32_copy_fits(w, share=1.0, available=(dense + experts) * 4 - 1)
