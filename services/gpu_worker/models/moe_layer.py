@@ -48,11 +48,11 @@ class Experts:
         return replace(self, gate_up=[pack(w, kernel) for w in self.gate_up], down=[pack(w, kernel) for w in self.down])
 
 
-def experts_forward(h: torch.Tensor, experts: Experts, router: Router, ops, fused: bool | None = None) -> torch.Tensor:
+def experts_forward(h: torch.Tensor, experts: Experts, router: Router, ops, fused: bool = False) -> torch.Tensor:
     """The MoE MLP's output for the normed tokens ``h`` [T, H] (not yet added to the residual);
-    ``fused``: through the Triton kernel (default: on CUDA; plain expert weights)."""
+    through the Triton kernel on CUDA, or where ``fused`` (plain expert weights)."""
     weights, ids = router(h, experts.gate)
-    if h.is_cuda if fused is None else fused:
+    if h.is_cuda or fused:
         from libs.kernels.fused_moe import fused_experts
 
         return fused_experts(h, experts.gate_up, experts.down, weights, ids, ops.silu_mul)

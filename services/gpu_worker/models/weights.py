@@ -231,7 +231,8 @@ def fp32_copy_fits(w: ModelWeights, share: float = 0.25, available: int | None =
     if free is None:
         return True
     weights = [t for layer in w.layers for name in LINEARS if (t := getattr(layer, name)) is not None] + [w.lm_head]
-    weights += [t for layer in w.layers if layer.experts is not None for t in (layer.experts.gate_up, layer.experts.down)]
+    experts = [e for layer in w.layers if (e := getattr(layer, "experts", None)) is not None]  # moe.py
+    weights += [t for e in experts for t in (e.gate_up, e.down)]
     return sum(math.prod(t.shape) for t in weights) * 4 <= share * free  # NOTE: plain or packed alike
 
 
