@@ -1,7 +1,8 @@
 """Architectures beside the default model through the real stack (`--model DIR --dtype float32`):
-tiny random Qwen3, Mistral (a 16-token sliding window that binds, on the torch backend) and
-Phi-4-mini (fused weights, partial rotary, longrope's short factors under --max-model-len 64)
-checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF generate: one at a time,
+tiny random Qwen3, Mistral (a 16-token sliding window that binds, on the torch backend),
+Phi-4-mini (fused weights, partial rotary, longrope's short factors under --max-model-len 64),
+Qwen3-MoE and Mixtral checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF
+generate: one at a time,
 again from the prefix cache, all at once, in 8-token prefill chunks."""
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ FAMILIES = {  # name -> (architecture, config overrides, the worker's extra flag
     "mistral-window": ("mistral", {"sliding_window": 16}, ["--attention-backend", "torch"]),
     "phi4-mini": ("phi4-mini", {"original_max_position_embeddings": 64, "rope_parameters": longrope(12, 64)},
                   ["--max-model-len", "64"]),
+    "qwen3_moe": ("qwen3_moe", {}, []),
+    "mixtral": ("mixtral", {}, []),
 }
 
 

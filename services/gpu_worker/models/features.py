@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+SHARED_EXPERTS = ("shared_expert_intermediate_size", "n_shared_experts")  # Qwen2-MoE's, DeepSeek's
 SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")
 
 
@@ -62,6 +63,7 @@ def asks(raw: dict) -> list[Ask]:
         field = "quantization_config" if raw.get("quantization_config") else "compression_config"
         out.append(Ask("quantization", field, (raw[field] or {}).get("quant_method", "?")))
     out += [Ask("moe", f, raw[f]) for f in MOE_FIELDS if raw.get(f)]
+    out += [Ask("moe:shared_experts", f, raw[f]) for f in SHARED_EXPERTS if raw.get(f)]
     if "text_config" in raw:
         out.append(Ask("text_config", "text_config", "a multimodal wrapper's text model"))
     if (factor := partial_rotary_factor(raw)) != 1.0:

@@ -43,7 +43,8 @@ class LlamaModel:
         refuse_unsupported(cfg.raw, self.FEATURES, f"{path} ({cfg.architecture})")
         self.fast_decode_loop = self.FAST_DECODE_LOOP and not any(cfg.sliding_windows)
         self.dtype, self.device = dtype, torch.device(device)
-        self.weights = load_weights(path, cfg, dtype, device, qk_norm=self.QK_NORM, names=self.WEIGHT_NAMES)
+        self.weights = load_weights(path, cfg, dtype, device, qk_norm=self.QK_NORM, names=self.WEIGHT_NAMES,
+                                    experts=self.read_experts)
         # NOTE: packed (oneDNN-blocked) weights are opaque to torch.compile: a compiled
         # step keeps plain ones
         # ``kernel``: the linears' packed form (weights.linear_kernel; ``bf16_weights``: auto's
@@ -59,6 +60,10 @@ class LlamaModel:
         self._qk_width = self._qk_heads * cfg.head_dim
         self.layer_loop = True  # decode steps' layers in one C++ call where they fit (layer_loop.py)
         self._loop: LayerLoop | None = None
+
+    def read_experts(self, reader, layer: int):
+        """Layer ``layer``'s mixture-of-experts weights from the checkpoint's ``reader`` (moe.py); None: a dense MLP."""
+        return None
 
     @torch.inference_mode()
     def forward(

@@ -15,12 +15,12 @@ MODELS = {
     "Qwen2ForCausalLM": "llama:LlamaModel",
     "Qwen3ForCausalLM": "qwen3:Qwen3Model",
     "Phi3ForCausalLM": "phi3:Phi3Model",
+    "Qwen3MoeForCausalLM": "moe:Qwen3MoeModel",
+    "MixtralForCausalLM": "moe:MixtralModel",
 }
 
 # NOTE: architectures people serve that are known and not implemented yet: a reason beats a bare "no"
 NOT_YET = {
-    "Qwen3MoeForCausalLM": "mixture-of-experts layers (router top-k, expert weights) are not implemented",
-    "MixtralForCausalLM": "mixture-of-experts layers (router top-k, expert weights) are not implemented",
     "Gemma3ForCausalLM": "Gemma 3's layer (scaled embeddings, (1 + w) norms, sandwich norms, GeGLU, "
                          "local/global layers with their own rope) is not implemented",
     "Gemma3ForConditionalGeneration": "a multimodal wrapper (text_config): Gemma 3 is not implemented",

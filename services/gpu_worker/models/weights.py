@@ -26,10 +26,11 @@ class LayerWeights:
     o_proj: torch.Tensor  # [hidden, heads * head_dim]
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * inter, hidden]: gate rows first
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor  # [hidden, inter]
-    down_bias: torch.Tensor | None
+    gate_up: torch.Tensor | None = None  # [2 * inter, hidden]: gate rows first (None: a sparse layer's)
+    gate_up_bias: torch.Tensor | None = None
+    down: torch.Tensor | None = None  # [hidden, inter]
+    down_bias: torch.Tensor | None = None
+    experts: object | None = None  # a sparse layer's router and experts (moe_layer.Experts), in the dense MLP's place
     q_norm: torch.Tensor | None = None  # [head_dim]: per-head RMSNorm of q before RoPE (Qwen3)
     k_norm: torch.Tensor | None = None
 
@@ -83,14 +84,16 @@ FUSED_NAMES = {"qkv": ("self_attn.qkv_proj",), "gate_up": ("mlp.gate_up_proj",)}
 
 
 def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu", qk_norm: bool = False,
-                 names: dict[str, tuple[str, ...]] = SPLIT_NAMES) -> ModelWeights:
+                 names: dict[str, tuple[str, ...]] = SPLIT_NAMES, experts=None) -> ModelWeights:
     """The checkpoint's tensors, fused per layer; ``qk_norm``: the layers' per-head q/k norms too;
-    ``names``: the checkpoint's parts of each fused tensor (SPLIT_NAMES or FUSED_NAMES).
+    ``names``: the checkpoint's parts of each fused tensor (SPLIT_NAMES or FUSED_NAMES);
+    ``experts(reader, layer)``: a layer's mixture-of-experts weights, None where it is dense (moe.py).
     Raises UnsupportedModel for tensors left unread: weights of a layer this model lacks (a
     Qwen3 checkpoint relabelled Qwen2 would otherwise answer wrongly)."""
     r = _Reader(path, dtype, device)
     embed = r.get("model.embed_tokens.weight")
-    layers = [_load_layer(r, f"model.layers.{i}.", qk_norm, names) for i in range(cfg.num_layers)]
+    layers = [_load_layer(r, f"model.layers.{i}.", qk_norm, names, experts and experts(r, i))
+              for i in range(cfg.num_layers)]
     head = r.has("lm_head.weight")  # NOTE: read even when tied (HF ignores a tied model's copy)
     tied = cfg.tie_word_embeddings or not head
     lm_head = embed if tied else r.get("lm_head.weight")
@@ -102,9 +105,9 @@ def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu",
     return weights
 
 
-def _load_layer(r: _Reader, p: str, qk_norm: bool, names: dict[str, tuple[str, ...]]) -> LayerWeights:
-    attn, mlp = p + "self_attn.", p + "mlp."
-    qkv, gate_up = [p + n for n in names["qkv"]], [p + n for n in names["gate_up"]]
+def _load_layer(r: _Reader, p: str, qk_norm: bool, names: dict[str, tuple[str, ...]], experts=None) -> LayerWeights:
+    attn = p + "self_attn."
+    qkv = [p + n for n in names["qkv"]]
     return LayerWeights(
         input_norm=r.get(p + "input_layernorm.weight"),
         qkv=_cat(r, [n + ".weight" for n in qkv]),
@@ -112,13 +115,17 @@ def _load_layer(r: _Reader, p: str, qk_norm: bool, names: dict[str, tuple[str, .
         o_proj=r.get(attn + "o_proj.weight"),
         o_bias=r.maybe(attn + "o_proj.bias"),
         post_norm=r.get(p + "post_attention_layernorm.weight"),
-        gate_up=_cat(r, [n + ".weight" for n in gate_up]),
-        gate_up_bias=_cat(r, [n + ".bias" for n in gate_up]),
-        down=r.get(mlp + "down_proj.weight"),
-        down_bias=r.maybe(mlp + "down_proj.bias"),
         q_norm=r.get(attn + "q_norm.weight") if qk_norm else None,
         k_norm=r.get(attn + "k_norm.weight") if qk_norm else None,
+        **(_dense_mlp(r, p, names["gate_up"]) if experts is None else {"experts": experts}),
     )
+
+
+def _dense_mlp(r: _Reader, p: str, parts: tuple[str, ...]) -> dict:
+    gate_up = [p + n for n in parts]
+    return dict(gate_up=_cat(r, [n + ".weight" for n in gate_up]),
+                gate_up_bias=_cat(r, [n + ".bias" for n in gate_up]),
+                down=r.get(p + "mlp.down_proj.weight"), down_bias=r.maybe(p + "mlp.down_proj.bias"))
 
 
 def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
@@ -236,7 +243,9 @@ def fp32_copy_fits(w: ModelWeights, share: float = 0.25, available: int | None =
     free = memory.available_bytes() if available is None else available
     if free is None:
         return True
-    weights = [getattr(layer, name) for layer in w.layers for name in LINEARS] + [w.lm_head]
+    weights = [t for layer in w.layers for name in LINEARS if (t := getattr(layer, name)) is not None] + [w.lm_head]
+    experts = [e for layer in w.layers if (e := getattr(layer, "experts", None)) is not None]  # moe.py
+    weights += [t for e in experts for t in (e.gate_up, e.down)]
     return sum(math.prod(t.shape) for t in weights) * 4 <= share * free  # NOTE: plain or packed alike
 
 
@@ -245,7 +254,8 @@ def pack_weights(w: ModelWeights, kernel: str = "onednn") -> None:
     the embedding it is tied to stays plain for the lookup)."""
     for layer in w.layers:
         for name in LINEARS:
-            setattr(layer, name, pack(getattr(layer, name), kernel))
+            if getattr(layer, name) is not None:  # NOTE: a sparse layer's experts pack themselves (moe.py)
+                setattr(layer, name, pack(getattr(layer, name), kernel))
     w.lm_head = pack(w.lm_head, kernel)
 
 

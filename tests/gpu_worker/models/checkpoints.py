@@ -40,6 +40,10 @@ ARCHS = {
                                                      "rope_parameters": longrope(12, 4)}),
     "phi4": ("Phi3Config", "Phi3ForCausalLM", {**PHI, "rope_parameters": {"rope_type": "default",
                                                                            "rope_theta": 2.5e5}}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
+                                                           "moe_intermediate_size": 48, "norm_topk_prob": True}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                                       "intermediate_size": 64, "sliding_window": None}),
 }
 
 

@@ -24,6 +24,9 @@ CASES = {  # name -> (architecture, config overrides)
     "phi4-mini": ("phi4-mini", {}),  # partial rotary and longrope
     "phi4": ("phi4", {}),
     "phi3-window": ("phi4", {"sliding_window": 16}),  # Phi-3-mini-4k's window (2047 of 4096), scaled down
+    "qwen3_moe": ("qwen3_moe", {}),
+    "qwen3_moe-dense-layer": ("qwen3_moe", {"norm_topk_prob": False, "mlp_only_layers": [0]}),
+    "mixtral": ("mixtral", {}),
     "mistral-window": ("mistral", {"sliding_window": 16}),
     "qwen2-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}),
     **{f"llama-rope-{k}": ("llama", {"rope_parameters": {**v, "rope_theta": 1e4}})

@@ -13,7 +13,8 @@ from .checkpoints import ARCHS, edit_config, write, write_config
 
 
 def test_every_architecture_names_a_model_class():
-    assert {model_class(a).__name__ for a in MODELS} == {"LlamaModel", "Qwen3Model", "Phi3Model"}
+    assert {model_class(a).__name__ for a in MODELS} == {"LlamaModel", "Qwen3Model", "Phi3Model", "Qwen3MoeModel",
+                                                         "MixtralModel"}
     assert {ARCHS[a][1] for a in ARCHS} <= set(MODELS)
 
 
@@ -23,6 +24,7 @@ REFUSED = [  # (architecture, config overrides, words the error must hold)
     ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
     ("llama", dict(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4}),
      "rope_parameters.rope_type='proportional'"),
+    ("qwen3_moe", dict(shared_expert_intermediate_size=64), "shared_expert_intermediate_size=64 (moe:shared_experts)"),
 ]
 
 
@@ -55,7 +57,7 @@ def test_edited_configs_are_refused_with_the_field(tmp_path, edit, words):
 
 
 @pytest.mark.parametrize("arch,reason", [("Gemma3ForCausalLM", "Gemma 3"), ("Mistral3ForConditionalGeneration", "multimodal"),
-                                         ("Qwen3MoeForCausalLM", "mixture-of-experts"), ("GPT2LMHeadModel", "unknown")])
+                                         ("GPT2LMHeadModel", "unknown")])
 def test_architectures_not_served_are_refused_with_a_reason(tmp_path, arch, reason):
     write_config("llama", tmp_path)
     edit_config(tmp_path, lambda c: c.update(architectures=[arch]))
