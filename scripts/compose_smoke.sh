@@ -5,13 +5,19 @@
 #   3. builds the project image on it through tests/deploy/compose.smoke.yaml (torch from
 #      this machine's on-disk CPU wheel, served over HTTP to the build)
 #   4. docker compose up --scale gpu_worker=2, an OTLP receiver standing in for Jaeger
-#   5. sends requests, checks both workers served and the traces arrived
-#      (scripts/compose_smoke_check.py)
-#   6. scales to one more worker on the running stack and checks it joins and serves,
+#   5. sends requests, checks both workers served and the traces arrived, that each worker
+#      container runs the C++ kernels of its CPU's best level (its `cpu kernels:` start line)
+#      and that the image leaves out the bench extra (scripts/compose_smoke_check.py)
+#   6. a `radixmesh bench` row from inside compose (the tokenizer container, against the
+#      gateway) beside the same row on a local stack (`radixmesh up`, the same workers,
+#      threads and KV), two rounds each, alternated; fails if compose's best is more than
+#      10% slower than the local one (scripts/compose_bench_compare.py)
+#   7. scales to one more worker on the running stack and checks it joins and serves,
 #      then tears everything down.
 #
 # Usage: scripts/compose_smoke.sh [--keep-images]
 # Env: SMOKE_WORKERS (2), SMOKE_REQUESTS (8), SMOKE_WORK (/tmp/radixmesh-smoke),
+#      SMOKE_BENCH (1; 0 skips step 6), SMOKE_BENCH_TOLERANCE (0.10),
 #      SMOKE_WHEELS (the folder holding torch-*.whl; default: pip's find-links),
 #      SMOKE_WHEEL_PORT (18765), COMPOSE.
 set -euo pipefail
@@ -45,6 +51,7 @@ if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
 fi
 DOCKERD_PID=""
 WHEEL_PID=""
+LOCAL_PID=""
 if ! docker info >/dev/null 2>&1; then
   step "starting dockerd (log: $WORK/dockerd.log)"
   dockerd >"$WORK/dockerd.log" 2>&1 &
@@ -60,6 +67,7 @@ cleanup() {
     dc logs --no-color --tail 40 2>&1 | tail -120 || true
   fi
   step "tearing down"
+  if [ -n "$LOCAL_PID" ]; then kill -INT -- "-$LOCAL_PID" 2>/dev/null || true; wait "$LOCAL_PID" 2>/dev/null || true; fi
   dc down -v --remove-orphans --timeout 20 >/dev/null 2>&1 || true
   [ "$KEEP_IMAGES" = 1 ] || docker image rm radixmesh:smoke >/dev/null 2>&1 || true
   [ -n "$WHEEL_PID" ] && kill "$WHEEL_PID" 2>/dev/null || true
@@ -130,7 +138,43 @@ t=$(date +%s)
 check "$WORKERS"
 step "checks passed in $(( $(date +%s) - t ))s"
 
-# -- 6. one more worker on the running stack: it must join and get traffic ---------------
+# -- 6. a bench row in compose beside the local stack ------------------------------------
+if [ "${SMOKE_BENCH:-1}" = 1 ]; then
+  # decode at batch 8 (the README's row, shorter): both stacks idle while the other runs
+  BENCH=(--workload random --param requests=16 --param min_prompt_tokens=256 --param max_prompt_tokens=256
+         --param max_tokens=64 --max-concurrency 8 --ignore-eos --api chat --systems radixmesh
+         --no-plots --no-progress)
+  LOCAL_PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  step "local stack: radixmesh up --workers $WORKERS --threads 1 --kv-slots $RADIXMESH_KV_SLOTS (:$LOCAL_PORT)"
+  setsid env -u NATS_PASSWORD -u RADIXMESH_PORT -u RADIXMESH_WORKER_THREADS -u RADIXMESH_KV_SLOTS \
+    .venv/bin/radixmesh up --workers "$WORKERS" --threads 1 --kv-slots "$RADIXMESH_KV_SLOTS" \
+    --port "$LOCAL_PORT" --log-dir "$WORK/local-logs" >"$WORK/local-up.log" 2>&1 &
+  LOCAL_PID=$!
+  for _ in $(seq 600); do grep -q 'gateway ready at' "$WORK/local-up.log" && break
+    kill -0 "$LOCAL_PID" 2>/dev/null || { tail -30 "$WORK/local-up.log"; exit 1; }; sleep 0.5; done
+  grep -q 'gateway ready at' "$WORK/local-up.log" || { tail -30 "$WORK/local-up.log"; exit 1; }
+  # NOTE: round N uses seed N on both sides: fresh prompts (no prefix cache hits from round 1)
+  bench_compose() {
+    dc exec -T tokenizer python -m radixmesh.cli bench --url http://gateway:8000 "${BENCH[@]}" --seed "$1" \
+      --output-dir "/tmp/bench-$1" >"$WORK/bench-compose-$1.log" 2>&1 || { tail -20 "$WORK/bench-compose-$1.log"; exit 1; }
+    dc exec -T tokenizer sh -c "cat /tmp/bench-$1/*/results.json" >"$WORK/bench-compose-$1.json"
+  }
+  bench_local() {
+    rm -rf "$WORK/bench-local-$1"
+    .venv/bin/radixmesh bench --url "http://127.0.0.1:$LOCAL_PORT" "${BENCH[@]}" --seed "$1" \
+      --output-dir "$WORK/bench-local-$1" >"$WORK/bench-local-$1.log" 2>&1 || { tail -20 "$WORK/bench-local-$1.log"; exit 1; }
+    cp "$WORK"/bench-local-"$1"/*/results.json "$WORK/bench-local-$1.json"
+  }
+  t=$(date +%s)
+  bench_compose 1; bench_local 1; bench_local 2; bench_compose 2
+  kill -INT -- "-$LOCAL_PID" 2>/dev/null || true; wait "$LOCAL_PID" 2>/dev/null || true; LOCAL_PID=""
+  step "bench rows in $(( $(date +%s) - t ))s (${BENCH[*]})"
+  "$PY" scripts/compose_bench_compare.py --tolerance "${SMOKE_BENCH_TOLERANCE:-0.10}" \
+    --local "$WORK/bench-local-1.json" "$WORK/bench-local-2.json" \
+    --compose "$WORK/bench-compose-1.json" "$WORK/bench-compose-2.json"
+fi
+
+# -- 7. one more worker on the running stack: it must join and get traffic ---------------
 MORE=$(( WORKERS + 1 ))
 step "docker compose up --scale gpu_worker=$MORE on the running stack"
 t=$(date +%s)

@@ -1,14 +1,17 @@
 """Checks a running compose stack (used by scripts/compose_smoke.sh).
 
 Sends concurrent chat completions to the gateway, asks the scheduler (over NATS,
-from inside the scheduler container) how many requests each worker finished, and
-reads the spans the OTLP receiver got. Exits non-zero with the reason on failure.
+from inside the scheduler container) how many requests each worker finished, reads the
+spans the OTLP receiver got, checks that every worker container runs the C++ kernels
+its CPU's best level (its ``cpu kernels:`` start line, not the torch fallback) and that the
+image leaves out the bench extra (matplotlib, tqdm). Exits non-zero with the reason on failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -100,6 +103,67 @@ def check_workers(compose: list[str], expected: int, requests: int) -> None:
         fail(f"fewer finished requests than sent ({requests})")
 
 
+# the start line of libs/kernels/cpu_ext.py: "cpu kernels: avx512bf16 (of avx2, avx512, avx512bf16)"
+KERNELS_LINE = re.compile(r"cpu kernels: (\w+) \(of ([\w, ]+)\)")
+# what that module logs instead where a worker runs below its CPU's best, or without the kernels
+KERNELS_WARNING = re.compile(r"cpu kernels: (none|running \w+, below|\w+ is not built ahead|.* build failed)")
+LEVELS_PROBE = ("import json; from libs.kernels import cpu_ext as c; "
+                "print(json.dumps({'best': c.best_level(), 'built': c.built_levels()}))")
+
+
+def check_kernels(compose: list[str], expected: int) -> None:
+    """Each worker container's start line names a level built into the image, its CPU's best."""
+    out = subprocess.run([*compose, "exec", "-T", "gpu_worker", "python", "-c", LEVELS_PROBE],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        fail(f"kernel levels probe failed: {out.stderr[-2000:]}")
+    levels = json.loads(out.stdout.strip().splitlines()[-1])
+    logs = subprocess.run([*compose, "logs", "--no-color", "gpu_worker"], capture_output=True, text=True,
+                          timeout=60).stdout
+    running: dict[str, str] = {}
+    for line in logs.splitlines():
+        container, _, message = line.partition("|")
+        if KERNELS_WARNING.search(message):
+            fail(f"{container.strip()}: {message.strip()}")
+        if match := KERNELS_LINE.search(message):
+            running[container.strip()] = match.group(1)
+    print(f"cpu kernels: built in the image {levels['built']}; this CPU's best {levels['best']}; "
+          f"workers: {running}")
+    if len(running) < expected:
+        fail(f"{len(running)} worker containers logged their cpu kernels, expected {expected}")
+    wrong = {c: level for c, level in running.items() if level != levels["best"] or level not in levels["built"]}
+    if wrong or levels["best"] is None:
+        fail(f"workers not on the CPU's best built level {levels['best']}: {wrong}")
+
+
+# NOTE: transformers, huggingface-hub and gguf require tqdm themselves (transformers does not
+# import without it): the image may carry it for them, never for radixmesh's own sake.
+DEPS_PROBE = """
+import importlib.metadata as md, json, re
+def name(d): return re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower()
+dists = {name(d): d for d in md.distributions()}
+def required_by(pkg):
+    return sorted(n for n, d in dists.items()
+                  if any(re.match(rf"{pkg}\\b", r, re.I) and "extra ==" not in r for r in d.requires or []))
+print(json.dumps({pkg: {"installed": pkg in dists, "required_by": required_by(pkg)} for pkg in ("matplotlib", "tqdm")}))
+"""
+THIRD_PARTY_TQDM = {"transformers", "huggingface-hub", "gguf", "accelerate", "tokenizers"}
+
+
+def check_image_deps(compose: list[str]) -> None:
+    out = subprocess.run([*compose, "exec", "-T", "gateway", "python", "-c", DEPS_PROBE],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        fail(f"dependency probe failed: {out.stderr[-2000:]}")
+    deps = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"bench extra in the image: {deps}")
+    if deps["matplotlib"]["installed"]:
+        fail(f"matplotlib is in the service image (required by {deps['matplotlib']['required_by']})")
+    tqdm = deps["tqdm"]
+    if tqdm["installed"] and not (tqdm["required_by"] and set(tqdm["required_by"]) <= THIRD_PARTY_TQDM):
+        fail(f"tqdm is in the service image, required by {tqdm['required_by'] or 'nothing'}")
+
+
 def check_traces(receiver: str, workers: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -140,6 +204,8 @@ def main() -> None:
     send_requests(args.api, args.requests)
     check_workers(compose, args.workers, args.requests)
     check_traces(args.receiver, args.workers)
+    check_kernels(compose, args.workers)
+    check_image_deps(compose)
     print("SMOKE OK")
 
 

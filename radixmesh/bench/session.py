@@ -116,8 +116,11 @@ def _meta(args: argparse.Namespace, workload: Workload, plan: Plan, model_dir: P
 
     cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
                 if line.startswith("model name")), platform.processor())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    except OSError:  # NOTE: no git where it runs (the service image): the record says null
+        commit = ""
     return {
         "command": "radixmesh bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
                                                  else sys.argv[1:]),

@@ -96,3 +96,12 @@ def test_a_run_without_the_bench_extra_stops_before_any_system(tmp_path, monkeyp
     assert not ran
     args.no_plots = True  # no plots: matplotlib is not needed
     session._validate(args)
+
+
+def test_a_run_where_git_is_missing_records_no_commit(tmp_path, monkeypatch):
+    """The service image has no git: the run goes on, its record says null."""
+    monkeypatch.setattr(session, "_run_system", _fake_run)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    assert session.run_session(_args(tmp_path / "out", "radixmesh")) == 0
+    [run_dir] = (tmp_path / "out").iterdir()
+    assert json.loads((run_dir / "results.json").read_text())["meta"]["git_commit"] is None
