@@ -36,7 +36,8 @@ class LlamaModel:
     QK_NORM = False  # per-head q/k RMSNorm weights in the checkpoint (qwen3.py)
 
     def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", pack: bool = True,
-                 kernel: str = "auto", bf16_weights: bool = False, max_positions: int | None = None) -> None:
+                 kernel: str = "auto", bf16_weights: bool = False, max_positions: int | None = None,
+                 deterministic: bool = False) -> None:
         self.config = cfg = ModelConfig.from_dir(path)
         refuse_unsupported(cfg.raw, self.FEATURES, f"{path} ({cfg.architecture})")
         self.fast_decode_loop = self.FAST_DECODE_LOOP and not any(cfg.sliding_windows)
@@ -46,8 +47,10 @@ class LlamaModel:
         # step keeps plain ones
         # ``kernel``: the linears' packed form (weights.linear_kernel; ``bf16_weights``: auto's
         # pick for fp32 on AVX2)
+        # ``deterministic``: a batch-invariant form (weights._invariant_kernel)
         self.linear_kernel = linear_kernel(kernel, dtype, self.device, bf16_weights=bf16_weights,
-                                           fp32_copy_fits=fp32_copy_fits(self.weights)) if pack else "plain"
+                                           fp32_copy_fits=fp32_copy_fits(self.weights),
+                                           deterministic=deterministic) if pack or deterministic else "plain"
         self.packed = self.linear_kernel != "plain"
         if self.packed:
             pack_weights(self.weights, self.linear_kernel)

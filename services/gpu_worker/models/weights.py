@@ -174,7 +174,7 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None,
-                  bf16_weights: bool = False, fp32_copy_fits: bool = True) -> str:
+                  bf16_weights: bool = False, fp32_copy_fits: bool = True, deterministic: bool = False) -> str:
     """The packed form the linear weights take here: ``onednn``, ``tiles`` or ``tiles+onednn``
     (``auto``: tiles for bf16 on CPUs with AVX512-BF16 and no AMX; for fp32 with
     ``bf16_weights`` (dtype auto on AVX2), where the kernels are built, tiles+onednn, or tiles
@@ -184,6 +184,8 @@ def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: fr
     an unknown name or a kernel this machine lacks."""
     if name not in LINEAR_KERNELS:
         raise ValueError(f"linear kernel {name!r} not one of {', '.join(LINEAR_KERNELS)}")
+    if deterministic:
+        return _invariant_kernel(name, dtype, device)
     if name == HYBRID and dtype != torch.float32:
         raise ValueError("linear kernel 'tiles+onednn' runs fp32 activations (dtype float32 or auto on AVX2)")
     if not can_pack(dtype, device):
@@ -201,6 +203,22 @@ def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: fr
     if name in ("tiles", HYBRID) and dtype == torch.float32 and not gemm.f32_available():
         raise ValueError(f"linear kernel {name!r} runs fp32 activations on CPUs with AVX2 and FMA, where the C++ kernels build")
     return name
+
+
+def _invariant_kernel(name: str, dtype: torch.dtype, device: torch.device) -> str:
+    """The linears' form under a deterministic mode: one whose every output row is the same bits
+    whatever the step's row count. NOTE: the bf16 tiles are (gemm_bf16.cpp: each row's K
+    reduction is one chain of dot instructions in k order, whichever micro-kernel height runs
+    it); oneDNN is not (its kernels, and their K blocking, change with M: a bf16 row computed
+    alone and in a 500-row chunk differ in the last bit), nor is the AVX2 fp32 kernel (two
+    accumulator chains up to two rows, one above)."""
+    if name not in ("auto", "tiles"):
+        raise ValueError(f"--deterministic runs the linears on the tiles: linear kernel {name!r} "
+                         "is not batch-invariant")
+    if device.type != "cpu" or dtype != torch.bfloat16 or not gemm.available():
+        raise ValueError("--deterministic needs --dtype bfloat16 on a CPU with AVX512-BF16 (its bf16 tile kernel "
+                         f"is batch-invariant); not {dtype} on this {device.type}")
+    return "tiles"
 
 
 def pack(w: torch.Tensor, kernel: str = "onednn") -> PackedWeight | gemm.TiledWeight | HybridWeight:
