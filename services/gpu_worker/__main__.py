@@ -87,10 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the fp32 copy would take over a quarter of the free memory)")
     p.add_argument("--deterministic", action="store_true",
                    default=env("--deterministic", "") not in ("", "0", "false"),
-                   help="batch-invariant kernels (cpu attention backend, bf16 on AVX512-BF16: the linears on the "
-                        "tiles, every token through the decode kernel): a token's logits the same bits in any "
-                        "batch, chunk, cached prefix or not, so greedy output survives a worker's death, "
-                        "retraction and PD transfer; costs prefill speed on AMX (docs/cpu-kernels.md)")
+                   help="batch-invariant kernels (cpu attention backend; bf16, or dtype auto on AVX2: the "
+                        "linears on the tiles, every token through the decode kernel): a token's logits the same "
+                        "bits in any batch, chunk, cached prefix or not, so greedy output survives a worker's "
+                        "death, retraction and a PD transfer; its cost: docs/cpu-kernels.md")
     p.add_argument("--compile", choices=("on", "off"), default=env("--compile", "off"),
                    help="compile the model's pieces between attention calls (inductor, cached on disk)")
     p.add_argument("--compile-sizes", default=env("--compile-sizes", ",".join(map(str, DEFAULT_SIZES))),

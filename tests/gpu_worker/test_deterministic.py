@@ -6,8 +6,8 @@ a prefill that resumes a request (a dead worker's, a retracted one) against the 
 that produced its tokens, and a prompt prefilled on one runner, its KV exported and imported
 into another (PD) against one runner. Without the mode every one of them differs in bf16.
 
-NOTE: --dtype bfloat16 explicitly, so the tests mean the same on every CPU; the mode runs on
-AVX512-BF16 (its bf16 tile kernel), elsewhere they skip."""
+NOTE: --dtype bfloat16 explicitly, so the tests mean the same on every CPU: on AVX512-BF16 the
+mode runs the bf16 tile kernel, on AVX2 the fp32 one over widened rows (gemm.linear_fixed)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from libs.protocol.messages import ForwardBatch, NewRow
 from libs.transfer.codec import export_slots, import_slots
 from services.gpu_worker import ModelRunner, RunnerConfig
 
-pytestmark = pytest.mark.skipif(not gemm.available(), reason="--deterministic in bf16 runs on AVX512-BF16's tile "
-                                "kernel (gemm_bf16.cpp), which this CPU lacks")
+pytestmark = pytest.mark.skipif(not gemm.f32_available(), reason="--deterministic runs on the C++ "
+                                "linear kernels (AVX2 and FMA at least), which this CPU lacks")
 
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=-1, seed=0)
 TEXT = ("The history of the city begins in the second century, when a small fishing village grew around the "
@@ -142,6 +142,10 @@ def test_a_resumed_request_prefills_the_bits_its_decode_steps_made(det, ids):
         again = Run(det, 2000)
         again.generate({3: prompt + tokens[:done]}, NEW - done)
         assert same_bits(first.picks[0][done:], again.picks[3]) == [], f"resumed after {done} tokens"
+        # and the KV it stored is the decode steps' too, bit for bit
+        n = len(prompt) + done
+        a, b = torch.tensor(first.slots[0][:n]), torch.tensor(again.slots[3][:n])
+        assert all(torch.equal(pool[a], pool[b]) for pool in det.kv.k + det.kv.v)
 
 
 @pytest.fixture(scope="module")

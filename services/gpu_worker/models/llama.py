@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .features import refuse_unsupported
 from .layer_loop import LayerLoop
 from .layers import ROPE_TYPES, rotary
-from .weights import LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
+from .weights import FIXED, LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
 
 
 class LlamaModel:
@@ -52,6 +52,7 @@ class LlamaModel:
                                            fp32_copy_fits=fp32_copy_fits(self.weights),
                                            deterministic=deterministic) if pack or deterministic else "plain"
         self.packed = self.linear_kernel != "plain"
+        self.fast_decode_loop &= self.linear_kernel != FIXED  # NOTE: the C++ loop runs gemm_f32.cpp unpadded
         if self.packed:
             pack_weights(self.weights, self.linear_kernel)
         self.rotary = rotary(cfg, min(max_positions or cfg.max_position_embeddings, cfg.max_position_embeddings), device)
