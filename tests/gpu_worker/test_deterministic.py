@@ -154,19 +154,18 @@ def decode_side(det):
 
 
 def test_a_pd_transfer_gives_the_colocated_bits(det, decode_side, ids):
-    """Prefill on one runner beside other prompts, the KV exported and imported into another
-    runner's pool (libs.transfer.codec, what a PD transfer moves), decode there beside other
-    requests; against one runner doing both alone."""
+    """Prefill on one runner in chunks beside other prompts, the KV exported and imported into
+    another runner's pool (libs.transfer.codec, what a PD transfer moves), decode there beside
+    other requests (prefilling in chunks, then decoding); against one runner doing both alone."""
     prompt, others = ids
     colocated = alone(det, prompt)
     prefill = Run(det, 1000)
-    first = prefill.generate({r + 1: p for r, p in enumerate(others)} | {0: prompt}, 1)[0]
+    first = prefill.generate({r + 1: p for r, p in enumerate(others)} | {0: prompt}, 1, chunk=16)[0]
     moved = export_slots(det.kv, torch.tensor(prefill.slots[0]))
     decode = Run(decode_side, 3000)
     into = decode.take(len(prompt))
     import_slots(decode_side.kv, torch.tensor(into), moved)
-    decode.generate({r + 1: p for r, p in enumerate(others[:3])}, 2)  # requests already running there
-    decode.generate({0: prompt + first} | {r + 1: p for r, p in enumerate(others[3:])}, NEW - 1,
+    decode.generate({0: prompt + first} | {r + 1: p for r, p in enumerate(others)}, NEW - 1, chunk=5,
                     cached={0: into})
     assert same_bits(colocated.picks[0][:1], prefill.picks[0]) == []
     assert same_bits(colocated.picks[0][1:], decode.picks[0]) == []
