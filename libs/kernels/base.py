@@ -76,6 +76,7 @@ class AttentionBackend(ABC):
     ops: ModuleType = torch_ops
     mixed_kv: bool = False
     sliding_window: bool = False  # whether it attends within per-layer windows (``set_windows``)
+    batch_invariant: bool = False  # whether it has a deterministic mode (``set_deterministic``)
 
     def __init__(self, kv: KVPool, scale: float | None = None, dtype: torch.dtype | None = None) -> None:
         self.check_available(kv.device, kv.dtype)
@@ -88,6 +89,7 @@ class AttentionBackend(ABC):
         self.scale = scale if scale is not None else kv.head_dim**-0.5
         self.capture_sizes: list[int] = []  # see init_capture
         self.windows: tuple[int | None, ...] = ()  # per layer: the keys a query sees at most, None: all
+        self.deterministic = False  # see set_deterministic
 
     def set_windows(self, windows: tuple[int | None, ...]) -> None:
         """Layer i's queries attend to the ``windows[i]`` latest keys (their own included), as HF's
@@ -95,6 +97,14 @@ class AttentionBackend(ABC):
         if any(windows) and not self.sliding_window:
             raise BackendNotAvailable(f"the {self.name} attention backend has no sliding-window attention")
         self.windows = tuple(windows)
+
+    def set_deterministic(self, on: bool) -> None:
+        """With ``on``, every token's output is the same bits whatever step computes it: a prefill
+        chunk, an extend over a cached prefix or a decode step, alone or in any batch; raises
+        BackendNotAvailable where this backend has no such mode."""
+        if on and not self.batch_invariant:
+            raise BackendNotAvailable(f"the {self.name} attention backend has no deterministic (batch-invariant) mode")
+        self.deterministic = on
 
     def window(self, layer: int) -> int | None:
         return self.windows[layer] if layer < len(self.windows) else None

@@ -12,6 +12,13 @@ go to torch's SDPA (the torch backend's path), which beat the C++ fp32 loops
 (``cpp_extend = True`` with ``native_bf16 = False`` runs those). ``cpu_v1`` (the first kernel, torch for extend)
 stays as the benchmarks' baseline. ``ops``: the elementwise kernels in C++
 (:mod:`.cpu_ops`).
+
+Deterministic mode (``set_deterministic``): every token of a step, prefill and extend tokens
+too, is a query of the decode kernel over its own keys (its prefix and the step's tokens up
+to it, stored first): a query's arithmetic is then one function of its keys, the same bits
+in a prefill chunk, an extend over a cached prefix or a decode step, in any batch (the
+kernel walks a query's keys in order, in blocks of 64, on one thread; nothing it reduces
+depends on the other queries).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
     ops = cpu_ops
     sliding_window = False  # NOTE: the C++ kernels attend to every key: the torch backend has windows
+    batch_invariant = True  # set_deterministic: every token through the decode kernel
 
     def __init__(self, kv, scale=None, dtype=None) -> None:
         super().__init__(kv, scale, dtype)
@@ -71,6 +79,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         cpu_ext.check_available(cls.name, device, dtype)
 
     def prepare(self, meta: AttentionMetadata) -> None:
+        if self.deterministic:
+            return self._prepare_invariant(meta)
         ext, seq = meta.extend_lens, meta.seq_lens
         starts = np.cumsum(ext) - ext
         self._slots = meta.out_slots
@@ -84,6 +94,22 @@ class CpuAttentionBackend(TorchAttentionBackend):
         every = self._dec is not None and len(self._dec.rows) == len(ext)
         self._decode_tokens = _EMPTY if every or self._dec is None else self._dec.starts
         self._decode_lens = _EMPTY if self._dec is None else self._dec.prefix + 1
+        self._check_slots(meta)
+
+    def _prepare_invariant(self, meta: AttentionMetadata) -> None:
+        """Every token one decode query (the module's note): token j of request i attends to
+        the first prefix_lens[i] + j + 1 keys of its row."""
+        ext = meta.extend_lens
+        owner = np.repeat(np.arange(len(ext)), ext)
+        within = np.arange(len(owner)) - np.repeat(np.cumsum(ext) - ext, ext)
+        lens = meta.prefix_lens[owner] + within + 1
+        self._slots = meta.out_slots
+        self._table = meta.slot_table.contiguous()
+        rows = meta.rows.index_select(0, torch.from_numpy(owner).to(meta.rows.device)) if len(owner) else _EMPTY
+        self._dec = _Rows(rows.contiguous(), _EMPTY, _EMPTY, _EMPTY) if len(owner) else None
+        self._decode_lens = torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64))
+        self._decode_tokens = _EMPTY  # NOTE: query b is token b
+        self._ext, self._extends = None, []
         self._check_slots(meta)
 
     def _check_slots(self, meta: AttentionMetadata) -> None:

@@ -79,3 +79,22 @@ def linear(x: torch.Tensor, w: TiledWeight, bias: torch.Tensor | None = None) ->
     module = cpu_ext.load()
     run = module.linear_bf16w if x.dtype == torch.float32 else module.linear_bf16
     return run(x, w.tiles, w.shape[0], bias)
+
+
+# NOTE: gemm_f32.cpp runs blocks of one or two rows on two accumulator chains (even and odd
+# k, added at the end) and blocks of three or four, and the panels of 40 rows and up, on one
+# chain in k order: below 40 rows, a batch padded to a multiple of 4 runs every row on the one chain
+FIXED_ROWS, FIXED_WIDE_FROM = 4, 40
+
+
+def linear_fixed(x: torch.Tensor, w: TiledWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear`` on the fp32 kernel (tiles ``F32_TILE`` wide) with each row's arithmetic the same
+    whatever the batch: bf16 ``x`` widened to fp32 and the result rounded back, the batch padded
+    (FIXED_ROWS); for a deterministic mode on CPUs without AVX512-BF16."""
+    m = x.shape[0]
+    wide = x.float()
+    if m < FIXED_WIDE_FROM and m % FIXED_ROWS:
+        wide = torch.cat([wide, wide.new_zeros(FIXED_ROWS - m % FIXED_ROWS, wide.shape[1])])
+    out = cpu_ext.load().linear_bf16w(wide.contiguous(), w.tiles, w.shape[0], None if bias is None else bias.float())
+    return out[:m].to(x.dtype)
+

@@ -15,7 +15,9 @@ before its AVX512-BF16 extend); ``cpp-ops`` has a compiled step's pieces call th
 (custom ops) instead of inductor's fused loops; ``onednn`` / ``tiles`` / ``hybrid`` (tiles+onednn)
 pick the linears' kernel (tiles under fp32: bf16 weights, AVX2) (the worker's models.weights.linear_kernel; default: the machine's choice);
 ``kv-bf16`` / ``kv-fp32`` the KV pool's dtype (default: the runner's auto); ``py-layers``
-runs decode steps' layers from Python even where the C++ layer loop fits (models/layer_loop.py); by default
+runs decode steps' layers from Python even where the C++ layer loop fits (models/layer_loop.py); ``deterministic``
+the worker's --deterministic (batch-invariant kernels: the tile linears, every token through the
+decode kernel; its cost against the default is the ratio column of a pair); by default
 fp32 and bf16, eager and compiled, at ``--threads``. ``--prefill N`` adds a row: one N-token prefill chunk, tokens/s. The
 systems take turns batch by batch, round after round, and the table reports medians:
 this machine is noisy (shared, the second vCPU sometimes delivers little), so only
@@ -73,7 +75,7 @@ def bench_prefill(runner: ModelRunner, tokens: int, repeat: int = 2, clock=time.
     return (clock() - start) / repeat
 
 
-KNOBS = ("torch-ops", "fp32-attn", "cpp-ops", "onednn", "tiles", "hybrid", "py-layers", *KV_KNOBS)
+KNOBS = ("torch-ops", "fp32-attn", "cpp-ops", "onednn", "tiles", "hybrid", "py-layers", "deterministic", *KV_KNOBS)
 System = tuple[str, str, int, str, frozenset]  # dtype, mode, threads, attention, knobs
 
 
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             model=str(resolve_model(args.model)), dtype=dtype, kv_slots=kv_slots, max_requests=max(batches),
             compile=mode == "compiled", compile_sizes=tuple(batches), compile_ops="cpp" if "cpp-ops" in knobs else "torch", pack_weights=mode != "plain",
             linear_kernel=next((k for k in ("onednn", "tiles") if k in knobs), "tiles+onednn" if "hybrid" in knobs else "auto"), attention_backend=attention,
-            kv_dtype=next((KV_KNOBS[k] for k in KV_KNOBS if k in knobs), "auto")))
+            kv_dtype=next((KV_KNOBS[k] for k in KV_KNOBS if k in knobs), "auto"), deterministic="deterministic" in knobs))
         _apply(r, knobs)
         if r.compiled is not None:
             torch.set_num_threads(systems[0][2])  # NOTE: other thread counts compile in their first warm-up steps

@@ -85,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "bf16-rounded weights from there; 4 bytes a weight more); auto: tiles under bf16 on CPUs "
                         "with AVX512-BF16 and no AMX, tiles+onednn under dtype auto on AVX2 (tiles alone where "
                         "the fp32 copy would take over a quarter of the free memory)")
+    p.add_argument("--deterministic", action="store_true",
+                   default=env("--deterministic", "") not in ("", "0", "false"),
+                   help="batch-invariant kernels (cpu attention backend; bf16, or dtype auto on AVX2: the "
+                        "linears on the tiles, every token through the decode kernel): a token's logits the same "
+                        "bits in any batch, chunk, cached prefix or not, so greedy output survives a worker's "
+                        "death, retraction and a PD transfer; its cost: docs/cpu-kernels.md")
     p.add_argument("--compile", choices=("on", "off"), default=env("--compile", "off"),
                    help="compile the model's pieces between attention calls (inductor, cached on disk)")
     p.add_argument("--compile-sizes", default=env("--compile-sizes", ",".join(map(str, DEFAULT_SIZES))),
@@ -135,13 +141,15 @@ def main(argv: list[str] | None = None) -> None:
             host_kv_slots=args.host_kv_slots, compile=args.compile == "on",
             compile_sizes=tuple(int(n) for n in args.compile_sizes.split(",")),
             threads=threads, adaptive_threads=args.thread_choice == "auto", linear_kernel=args.linear_kernel,
+            deterministic=args.deterministic,
         ))
     except (BackendNotAvailable, ModelNotFoundError, FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"{SERVICE}: {exc}") from None
     logging.getLogger(SERVICE).info(
-        "loaded %s (%s [%s], %s linears, %s attention, %d KV slots, %.0f MiB KV in %s [%s], %d compute threads, "
+        "loaded %s (%s [%s], %s linears, %s attention%s, %d KV slots, %.0f MiB KV in %s [%s], %d compute threads, "
         "cpu kernels %s)",
         runner.path, runner.config.dtype, runner.dtype_choice.reason, runner.model.linear_kernel, runner.attn.name,
+        " (deterministic)" if args.deterministic else "",
         args.kv_slots, runner.kv.nbytes() / 2**20, runner.config.kv_dtype, runner.kv_choice.reason, threads,
         cpu_ext.describe(),
     )

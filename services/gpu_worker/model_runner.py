@@ -47,6 +47,10 @@ class RunnerConfig:
     # for steps of its size (threads.py)
     threads: int = 0
     adaptive_threads: bool = True
+    # batch-invariant kernels: a token's logits the same bits whatever step computes it (a
+    # prefill chunk or a decode step, any batch, a cached prefix or not): greedy output then
+    # survives migration, retraction, PD and cache hits in bf16 too (docs/cpu-kernels.md)
+    deterministic: bool = False
 
 
 @dataclass
@@ -78,9 +82,13 @@ class ModelRunner:
         # NOTE: no sequence outgrows the KV pool: a 131k-context model on a small pool gets a
         # slot table (and rope tables) sized by the pool, not by max_position_embeddings
         cap = min(config.max_model_len or config.kv_slots, config.kv_slots)
+        if config.deterministic and config.compile:
+            raise ValueError("--deterministic runs eager steps: a compiled step's matmuls (inductor's) "
+                             "change with its size")
         self.model = load_model(self.path, dtype=DTYPES[config.dtype], device=self.device,
                                 pack=config.pack_weights and not config.compile, kernel=config.linear_kernel,
-                                bf16_weights=self.dtype_choice.bf16_weights, max_positions=cap)
+                                bf16_weights=self.dtype_choice.bf16_weights, max_positions=cap,
+                                deterministic=config.deterministic)
         mc = self.model.config
         self.max_model_len = min(cap, mc.max_position_embeddings)
         kv_dtype = DTYPES[config.kv_dtype]
@@ -90,6 +98,7 @@ class ModelRunner:
         if backend == "auto":
             backend = default_backend(self.device, kv_dtype)
         self.attn = get_backend(backend, self.kv, dtype=DTYPES[config.dtype])
+        self.attn.set_deterministic(config.deterministic)
         self._set_windows(mc.sliding_windows)
         self.compiled = CompiledStep(self.model, self.attn, config.compile_sizes, config.compile_ops) if config.compile else None
         # NOTE: row r's slots for positions [0, seq_len) sit in table[r, :seq_len]

@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .features import refuse_unsupported
 from .layer_loop import LayerLoop
 from .layers import ROPE_TYPES, rotary
-from .weights import (SPLIT_NAMES, LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights,
+from .weights import (FIXED, SPLIT_NAMES, LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights,
                       pack_weights)
 
 
@@ -38,7 +38,8 @@ class LlamaModel:
     WEIGHT_NAMES = SPLIT_NAMES  # the checkpoint's parts of the fused qkv / gate_up (phi3.py: FUSED_NAMES)
 
     def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", pack: bool = True,
-                 kernel: str = "auto", bf16_weights: bool = False, max_positions: int | None = None) -> None:
+                 kernel: str = "auto", bf16_weights: bool = False, max_positions: int | None = None,
+                 deterministic: bool = False) -> None:
         self.config = cfg = ModelConfig.from_dir(path)
         refuse_unsupported(cfg.raw, self.FEATURES, f"{path} ({cfg.architecture})")
         self.fast_decode_loop = self.FAST_DECODE_LOOP and not any(cfg.sliding_windows)
@@ -49,9 +50,12 @@ class LlamaModel:
         # step keeps plain ones
         # ``kernel``: the linears' packed form (weights.linear_kernel; ``bf16_weights``: auto's
         # pick for fp32 on AVX2)
+        # ``deterministic``: a batch-invariant form (weights._invariant_kernel)
         self.linear_kernel = linear_kernel(kernel, dtype, self.device, bf16_weights=bf16_weights,
-                                           fp32_copy_fits=fp32_copy_fits(self.weights)) if pack else "plain"
+                                           fp32_copy_fits=fp32_copy_fits(self.weights),
+                                           deterministic=deterministic) if pack or deterministic else "plain"
         self.packed = self.linear_kernel != "plain"
+        self.fast_decode_loop &= self.linear_kernel != FIXED  # NOTE: the C++ loop runs gemm_f32.cpp unpadded
         if self.packed:
             pack_weights(self.weights, self.linear_kernel)
         self.rotary = rotary(cfg, min(max_positions or cfg.max_position_embeddings, cfg.max_position_embeddings), device)

@@ -159,6 +159,7 @@ def _cat(r: _Reader, names: list[str]) -> torch.Tensor | None:
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
 LINEAR_KERNELS = ("auto", "onednn", "tiles", "tiles+onednn")
 HYBRID = "tiles+onednn"
+FIXED = "tiles-fixed"  # only under --deterministic, on CPUs without AVX512-BF16 (_invariant_kernel)
 # rows from which tiles+onednn runs oneDNN: measured in-model on 2 Zen 3 cores (fp32, 300-token
 # contexts) since the tiles are 16 columns wide (one stream per kernel call), tiles ahead at
 # batch 16 (1.25x), 32 (1.10x), 48 (1.19x), 64 (1.08-1.12x), level at 96 and on 256-token
@@ -170,6 +171,17 @@ HYBRID_ROWS = 96
 class PackedWeight:
     packed: torch.Tensor  # opaque oneDNN tensor
     shape: tuple[int, int]  # [out, in] of the plain weight
+
+
+@dataclass(frozen=True)
+class FixedWeight:
+    """Tiles run by ``gemm.linear_fixed`` (``tiles-fixed``: a deterministic mode without AVX512-BF16)."""
+
+    tiles: gemm.TiledWeight
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tiles.shape
 
 
 @dataclass(frozen=True)
@@ -193,7 +205,7 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None,
-                  bf16_weights: bool = False, fp32_copy_fits: bool = True) -> str:
+                  bf16_weights: bool = False, fp32_copy_fits: bool = True, deterministic: bool = False) -> str:
     """The packed form the linear weights take here: ``onednn``, ``tiles`` or ``tiles+onednn``
     (``auto``: tiles for bf16 on CPUs with AVX512-BF16 and no AMX; for fp32 with
     ``bf16_weights`` (dtype auto on AVX2), where the kernels are built, tiles+onednn, or tiles
@@ -203,6 +215,8 @@ def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: fr
     an unknown name or a kernel this machine lacks."""
     if name not in LINEAR_KERNELS:
         raise ValueError(f"linear kernel {name!r} not one of {', '.join(LINEAR_KERNELS)}")
+    if deterministic:
+        return _invariant_kernel(name, dtype, device, bf16_weights)
     if name == HYBRID and dtype != torch.float32:
         raise ValueError("linear kernel 'tiles+onednn' runs fp32 activations (dtype float32 or auto on AVX2)")
     if not can_pack(dtype, device):
@@ -222,8 +236,28 @@ def linear_kernel(name: str, dtype: torch.dtype, device: torch.device, flags: fr
     return name
 
 
+def _invariant_kernel(name: str, dtype: torch.dtype, device: torch.device, bf16_weights: bool) -> str:
+    """The linears' form under a deterministic mode: one whose every output row is the same bits
+    whatever the step's row count. NOTE: the bf16 tiles are (gemm_bf16.cpp: each row's K
+    reduction is one chain of dot instructions in k order, whichever micro-kernel height runs
+    it); oneDNN is not (its kernels, and their K blocking, change with M: a bf16 row computed
+    alone and in a 500-row chunk differ in the last bit), nor is the AVX2 fp32 kernel as it
+    runs (two accumulator chains up to two rows, one above): ``tiles-fixed`` pads its batches."""
+    if name not in ("auto", "tiles"):
+        raise ValueError(f"--deterministic runs the linears on the tiles: linear kernel {name!r} "
+                         "is not batch-invariant")
+    if device.type == "cpu" and dtype == torch.bfloat16 and gemm.available():
+        return "tiles"
+    if device.type == "cpu" and (dtype == torch.bfloat16 or bf16_weights) and gemm.f32_available():
+        return FIXED  # NOTE: AVX2: the fp32 kernel, its batches padded (gemm.linear_fixed)
+    raise ValueError(f"--deterministic runs bf16 linear weights on the CPU kernels (--dtype bfloat16, or auto "
+                     f"on AVX2), not {dtype} {'on a CPU without them' if device.type == 'cpu' else device.type}")
+
+
 def pack(w: torch.Tensor, kernel: str = "onednn") -> PackedWeight | gemm.TiledWeight | HybridWeight:
     """``w`` in ``kernel``'s form; the tiles take column pairs, so an odd-width weight goes to oneDNN."""
+    if kernel == FIXED:
+        return FixedWeight(gemm.pack(w, gemm.F32_TILE))  # NOTE: every weight: no oneDNN fallback here
     if kernel in ("tiles", HYBRID) and w.shape[1] % 2 == 0:
         tiles = gemm.pack(w, gemm.tile_for(w.dtype))
         if kernel == "tiles":
@@ -259,11 +293,13 @@ def pack_weights(w: ModelWeights, kernel: str = "onednn") -> None:
     w.lm_head = pack(w.lm_head, kernel)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight | gemm.TiledWeight | HybridWeight,
+def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight | gemm.TiledWeight | HybridWeight | FixedWeight,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` over a plain or a packed weight."""
     if isinstance(w, HybridWeight):
         w = w.dense if x.shape[0] >= HYBRID_ROWS else w.tiles
+    if isinstance(w, FixedWeight):
+        return gemm.linear_fixed(x, w.tiles, bias)
     if isinstance(w, gemm.TiledWeight):
         return gemm.linear(x, w, bias)
     if isinstance(w, PackedWeight):

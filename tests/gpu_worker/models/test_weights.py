@@ -114,3 +114,31 @@ def test_the_fp32_copy_fits_in_a_quarter_of_the_free_memory():
     need = (8 + 1) * 1024 * 256 * 4  # bytes of the fp32 copy
     assert fp32_copy_fits(w, available=4 * need)
     assert not fp32_copy_fits(w, available=4 * need - 1)
+
+
+def test_deterministic_takes_a_batch_invariant_form_or_refuses(monkeypatch):
+    monkeypatch.setattr(gemm, "available", lambda: True)
+    monkeypatch.setattr(gemm, "f32_available", lambda: True)
+    for flags in (ZEN4, SAPPHIRE_RAPIDS):  # NOTE: with AMX too: oneDNN's rows change with the batch
+        assert linear_kernel("auto", torch.bfloat16, CPU, flags, deterministic=True) == "tiles"
+    with pytest.raises(ValueError, match="not batch-invariant"):
+        linear_kernel("onednn", torch.bfloat16, CPU, SAPPHIRE_RAPIDS, deterministic=True)
+    monkeypatch.setattr(gemm, "available", lambda: False)  # AVX2: the fp32 kernel, padded
+    assert linear_kernel("auto", torch.bfloat16, CPU, deterministic=True) == weights.FIXED
+    assert linear_kernel("auto", torch.float32, CPU, bf16_weights=True, deterministic=True) == weights.FIXED
+    with pytest.raises(ValueError, match="--deterministic"):  # fp32 weights: no invariant kernel for them
+        linear_kernel("auto", torch.float32, CPU, deterministic=True)
+    monkeypatch.setattr(gemm, "f32_available", lambda: False)
+    with pytest.raises(ValueError, match="--deterministic"):
+        linear_kernel("auto", torch.bfloat16, CPU, deterministic=True)
+
+
+@pytest.mark.skipif(not gemm.f32_available(), reason="needs the C++ kernels on a CPU with AVX2 and FMA")
+def test_a_fixed_weight_runs_linear_fixed():
+    w = torch.randn(40, 64).bfloat16()
+    x = torch.randn(3, 64).bfloat16()
+    fixed = pack(w, weights.FIXED)
+    assert isinstance(fixed, weights.FixedWeight) and fixed.shape == (40, 64)
+    got = linear(x, fixed)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, gemm.linear_fixed(x, fixed.tiles))
+    torch.testing.assert_close(got.float(), x.float() @ w.float().T, rtol=2**-7, atol=1e-2)
