@@ -1,5 +1,5 @@
 """Architectures beside the default model through the real stack (`--model DIR --dtype float32`):
-tiny random Qwen3 and Mistral (a 16-token sliding window that binds, on the torch backend)
+tiny random Qwen3 and Mistral (a 16-token sliding window that binds, on the default cpu backend)
 checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF generate: one at a time,
 again from the prefix cache, all at once, in 8-token prefill chunks."""
 
@@ -23,7 +23,7 @@ N = 10
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 FAMILIES = {  # name -> (architecture, config overrides, the worker's extra flags)
     "qwen3": ("qwen3", {}, []),
-    "mistral-window": ("mistral", {"sliding_window": 16}, ["--attention-backend", "torch"]),
+    "mistral-window": ("mistral", {"sliding_window": 16}, []),
 }
 
 
