@@ -1,7 +1,7 @@
 """Attention on the CPU over the paged pool, kernel against kernel: ``python -m libs.kernels.bench_cpu``.
 
     python -m libs.kernels.bench_cpu [--batches 1 8 32 64] [--context 256] [--prefix 1000 --chunk 512]
-                                     [--dtypes float32 bfloat16] [--page 1] [--threads 1]
+                                     [--dtypes float32 bfloat16] [--page 1] [--threads 1] [--window W]
 
 Times one step's attention (every layer: store the new K/V, attend) of the torch
 backend, the first C++ kernel (``cpu_v1``: C++ decode, torch extend) and the
@@ -11,7 +11,9 @@ tokens, and one extend of ``--chunk`` tokens over a ``--prefix``-token cached
 prefix. Variants are timed round-robin, so machine noise falls on all of them
 alike; medians. Model shape defaults to SmolLM2-135M (9 heads, 3 KV heads, head
 dim 64, 30 layers). Each timed layer has its own pool so nothing stays in cache
-between layers; the step time is the per-layer median times ``--layers``.
+between layers; the step time is the per-layer median times ``--layers``. ``--window W``: every
+layer attends within a W-token sliding window (backends without windows left out; the
+contiguous yardstick over the last W keys).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 import torch
 
 from .kv_pool import KVPool
-from .registry import available_backends, get_backend
+from .registry import _backend_class, available_backends, get_backend
 from .synthetic import synthetic_step
 
 DISTINCT_LAYERS = 16  # pools kept in memory: at batch 8 and up, more than a 32 MB L3 holds
@@ -68,6 +70,8 @@ def _step_fns(args, dtype, prefix: list[int], extend: list[int], backends: list[
     fns = {}
     for name in backends:
         backend = get_backend(name, pool, dim**-0.5)
+        if args.window:
+            backend.set_windows((args.window,) * DISTINCT_LAYERS)
         backend.prepare(step.meta)  # once per step, as in the worker
         fns[name] = lambda layer, b=backend: b.forward(layer, q, k_new, v_new)
     return fns
@@ -77,7 +81,8 @@ def bench_decode(args, dtype, batch: int, backends: list[str]) -> dict[str, floa
     kvh, dim, ctx = args.kv_heads, args.head_dim, args.context
     fns = _step_fns(args, dtype, [ctx - 1] * batch, [1] * batch, backends)
     q = torch.randn(batch, args.heads, dim).to(dtype)
-    caches = [(torch.randn(batch, kvh, ctx, dim).to(dtype), torch.randn(batch, kvh, ctx, dim).to(dtype))
+    seen = min(ctx, args.window or ctx)
+    caches = [(torch.randn(batch, kvh, seen, dim).to(dtype), torch.randn(batch, kvh, seen, dim).to(dtype))
               for _ in range(DISTINCT_LAYERS)]
     fns["contiguous"] = lambda i: contiguous_decode(q, *caches[i], dim**-0.5)
     return {name: ms * args.layers for name, ms in _interleaved_ms(fns, DISTINCT_LAYERS, args.repeats).items()}
@@ -108,11 +113,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--window", type=int, default=0, help="a sliding window on every layer (0: none)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    backends = [name for name in BACKENDS if name in available_backends("cpu")]
+    backends = [name for name in BACKENDS if name in available_backends("cpu")
+                and (not args.window or _backend_class(name).sliding_window)]
+    window = f", a {args.window}-token window" if args.window else ""
     print(f"attention ms per step ({args.layers} layers), {args.heads}/{args.kv_heads} heads, D={args.head_dim}, "
-          f"page size {args.page}, {args.threads} thread(s), medians of {args.repeats} interleaved rounds")
+          f"page size {args.page}, {args.threads} thread(s){window}, medians of {args.repeats} interleaved rounds")
     columns = ["contiguous", *backends]
     print("| step | dtype | " + " | ".join(columns) + " | cpu_v1 / cpu |")
     print("|---" * (len(columns) + 3) + "|")

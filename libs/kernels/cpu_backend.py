@@ -11,7 +11,9 @@ register-blocked products (``csrc/extend_avx2.h``: 1.4-1.8x torch's SDPA on 2 Ze
 go to torch's SDPA (the torch backend's path), which beat the C++ fp32 loops
 (``cpp_extend = True`` with ``native_bf16 = False`` runs those). ``cpu_v1`` (the first kernel, torch for extend)
 stays as the benchmarks' baseline. ``ops``: the elementwise kernels in C++
-(:mod:`.cpu_ops`).
+(:mod:`.cpu_ops`). Sliding windows (``set_windows``): both kernels take the layer's window
+and start each query's keys at its window's first, so a window saves the keys it hides
+(SDPA's extend rows likewise, :mod:`.torch_backend`).
 
 Deterministic mode (``set_deterministic``): every token of a step, prefill and extend tokens
 too, is a query of the decode kernel over its own keys (its prefix and the step's tokens up
@@ -57,7 +59,7 @@ class _Rows:
 class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
     ops = cpu_ops
-    sliding_window = False  # NOTE: the C++ kernels attend to every key: the torch backend has windows
+    sliding_window = True
     batch_invariant = True  # set_deterministic: every token through the decode kernel
 
     def __init__(self, kv, scale=None, dtype=None) -> None:
@@ -126,7 +128,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
             raise ValueError("slot table holds slots outside the KV pool")
 
     def decode_step(self) -> DecodeStep | None:
-        if self._dec is None or self._ext is not None or self._extends:
+        # NOTE: the C++ layer loop attends to every key: windowed layers keep the Python loop
+        if self._dec is None or self._ext is not None or self._extends or any(self.windows):
             return None
         d = self._dec
         return DecodeStep(self._slots, self._table, d.rows, self._decode_lens, self._decode_tokens, self.scale)
@@ -137,12 +140,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self._kernel.store_kv_(kp, vp, self._slots, k, v)  # NOTE: the pool's store in one call, not four torch ops
         q = q.contiguous()
         target = out if out is not None and out.is_contiguous() else torch.empty_like(q)
+        window = self.window(layer) or 0  # NOTE: the kernels' 0 is no window
         if (d := self._dec) is not None:
             self._kernel.paged_decode(q, kp, vp, self._table, d.rows, self._decode_lens, self._decode_tokens,
-                                      self.scale, target)
+                                      self.scale, target, window)
         if (e := self._ext) is not None:
             self._kernel.paged_extend(q, kp, vp, self._table, e.rows, e.prefix, e.extend, e.starts, self.scale, target,
-                                      self.native_bf16)
+                                      self.native_bf16, window)
         for plan in self._extends:
             target[plan.start : plan.start + plan.length] = self._attend_extend(layer, q, k, v, plan)
         if out is not None and target is not out:

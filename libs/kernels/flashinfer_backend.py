@@ -8,8 +8,13 @@ page holds one token. A step of decode rows only goes through
 ``BatchPrefillWithPagedKVCacheWrapper`` (causal; FlashInfer aligns the queries
 to the end of each request's keys, which is exactly prefix + new tokens).
 
+Sliding windows (``set_windows``): FlashInfer takes a window at ``plan`` (``window_left``:
+the keys before the query's own it sees, so HF's window - 1; -1: all), so each distinct
+window has its own wrapper, planned once a step and run by that window's layers (they share
+the float workspace: layers run one after another).
+
 NOTE: ``plan`` needs the query head count, which the pool does not know, so a
-step is planned on its first ``forward`` and reused by every later layer.
+step is planned on its first ``forward`` (per window) and reused by every later layer.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import flashinfer  # NOTE: an ImportError here becomes BackendNotAvailable in th
 
 from .base import AttentionBackend, AttentionMetadata
 from .errors import BackendNotAvailable
+from .flashinfer_plan import plan_args
 from .ragged import RaggedLayout, ragged_layout
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -29,16 +35,17 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 class FlashInferAttentionBackend(AttentionBackend):
     name = "flashinfer"
+    sliding_window = True
 
     def __init__(self, kv, scale=None, dtype=None) -> None:
         super().__init__(kv, scale, dtype)
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=kv.device)
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
-        self._decoders: dict[bool, flashinfer.BatchDecodeWithPagedKVCacheWrapper] = {}
+        self._prefill: dict = {}  # window -> BatchPrefillWithPagedKVCacheWrapper
+        self._decoders: dict = {}  # (tensor cores, window) -> BatchDecodeWithPagedKVCacheWrapper
         self._lay: RaggedLayout | None = None
         self._slots: torch.Tensor | None = None
         self._decode_only = False
-        self._planned: tuple | None = None  # the wrapper .run of this step, once planned
+        self._planned: dict = {}  # window -> the wrapper planned for this step
 
     @classmethod
     def check_available(cls, device: torch.device, dtype: torch.dtype | None = None) -> None:
@@ -61,43 +68,40 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._lay = ragged_layout(meta, np.arange(len(meta.extend_lens)))
         self._slots = meta.out_slots
         self._decode_only = bool((meta.extend_lens == 1).all())
-        self._planned = None
+        self._planned = {}
 
-    def _plan(self, heads: int, q_dtype: torch.dtype):
-        lay, kv = self._lay, self.kv
-        host = lambda a: torch.from_numpy(a.astype(np.int32))  # noqa: E731  (plan copies indptrs to the host anyway)
-        indices = lay.kv_indices.to(torch.int32)
-        last = torch.ones(lay.batch, dtype=torch.int32)
-        common = dict(q_data_type=q_dtype, kv_data_type=kv.dtype, sm_scale=self.scale)
+    def _plan(self, heads: int, q_dtype: torch.dtype, window: int | None):
+        kv = self.kv
+        args, kwargs = plan_args(self._lay, self._decode_only, heads, kv.num_kv_heads, kv.head_dim, q_dtype, kv.dtype,
+                                 self.scale, window)
         if self._decode_only:
-            wrapper = self._decoder(tensor_cores=heads // kv.num_kv_heads >= 4)
-            wrapper.plan(host(lay.kv_indptr_host), indices, last, heads, kv.num_kv_heads, kv.head_dim, 1, **common)
+            wrapper = self._decoder(heads // kv.num_kv_heads >= 4, window)
         else:
-            wrapper = self._prefill
-            wrapper.plan(
-                host(lay.qo_indptr_host), host(lay.kv_indptr_host), indices, last,
-                heads, kv.num_kv_heads, kv.head_dim, 1, causal=True, **common,
-            )
+            if window not in self._prefill:
+                self._prefill[window] = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+            wrapper = self._prefill[window]
+        wrapper.plan(*args, **kwargs)
         return wrapper
 
-    def _decoder(self, tensor_cores: bool):
-        if tensor_cores not in self._decoders:
-            self._decoders[tensor_cores] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+    def _decoder(self, tensor_cores: bool, window: int | None):
+        if (tensor_cores, window) not in self._decoders:
+            self._decoders[tensor_cores, window] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace, "NHD", use_tensor_cores=tensor_cores
             )
-        return self._decoders[tensor_cores]
+        return self._decoders[tensor_cores, window]
 
     def forward(self, layer, q, k, v, out=None):
         assert self._lay is not None, "prepare() must run before forward()"
         self.kv.store(layer, self._slots, k, v)
-        if self._planned is None:
-            self._planned = self._plan(q.shape[1], q.dtype)
-        kv = self.kv
+        window = self.window(layer)
+        if window not in self._planned:
+            self._planned[window] = self._plan(q.shape[1], q.dtype, window)
+        planned, kv = self._planned[window], self.kv
         paged = (
             kv.k[layer].view(kv.num_slots, 1, kv.num_kv_heads, kv.head_dim),
             kv.v[layer].view(kv.num_slots, 1, kv.num_kv_heads, kv.head_dim),
         )
         if out is not None and out.is_contiguous():
-            return self._planned.run(q.contiguous(), paged, out=out)
-        result = self._planned.run(q.contiguous(), paged)
+            return planned.run(q.contiguous(), paged, out=out)
+        result = planned.run(q.contiguous(), paged)
         return result if out is None else out.copy_(result)

@@ -4,7 +4,8 @@ Decode rows (one new token) are handled together: their slot rows are gathered
 once per step into a head-major index, so each layer does one ``index_select``
 per pool and two batched matmuls. Extend rows (several new tokens) go through
 ``scaled_dot_product_attention`` one request at a time. Sliding windows (``set_windows``) are
-one more mask per distinct window, built per step like the causal one.
+one more mask per distinct window, built per step like the causal one; an extend row's keys
+then start at its first query's window (the keys no query sees are not read).
 """
 
 from __future__ import annotations
@@ -30,11 +31,18 @@ class _DecodePlan:
 
 
 @dataclass
+class _Keys:
+    """The keys an extend row's queries attend under one window: positions ``first`` .. seq_len - 1."""
+
+    slots: torch.Tensor | None  # [seq_len - first] when a cached prefix exists; None: the new tokens' own K/V
+    mask: torch.Tensor | None  # [length, seq_len - first] bool, or None: plain causal
+
+
+@dataclass
 class _ExtendPlan:
     start: int
     length: int
-    slots: torch.Tensor | None  # [seq_len] when a cached prefix exists
-    masks: dict  # window (None: none) -> [length, seq_len] bool, or None: plain causal, no prefix
+    keys: dict  # window (None: none) -> _Keys
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -96,14 +104,18 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _plan_extend(self, meta: AttentionMetadata, i: int, start: int, n: int, seq: int) -> _ExtendPlan:
         prefix, device = seq - n, self.kv.device
-        slots = meta.slot_table[meta.rows[i], :seq] if prefix else None
-        # query j sits at absolute position prefix + j and sees keys 0 .. prefix + j (the last
-        # ``window`` of them under a window)
         q_pos = torch.arange(prefix, seq, device=device)[:, None]
-        k_pos = torch.arange(seq, device=device)[None, :]
-        masks = {w: None if w is None and not prefix else (k_pos <= q_pos) & (k_pos > q_pos - (w or seq + 1))
-                 for w in {None, *self.windows}}
-        return _ExtendPlan(start, n, slots, masks)
+        keys = {}
+        for w in {None, *self.windows}:
+            # query j sits at absolute position prefix + j and sees keys 0 .. prefix + j (the last
+            # ``w`` of them under a window): the row's keys start at its first query's first key
+            first = max(0, prefix + 1 - w) if w else 0
+            slots = meta.slot_table[meta.rows[i], first:seq] if prefix else None
+            k_pos = torch.arange(first, seq, device=device)[None, :]
+            plain = not prefix and (w is None or w >= n)  # NOTE: then causal alone is the mask
+            mask = None if plain else (k_pos <= q_pos) & (k_pos > q_pos - (w or seq + 1))
+            keys[w] = _Keys(slots, mask)
+        return _ExtendPlan(start, n, keys)
 
     # -- per layer ----------------------------------------------------------
 
@@ -143,13 +155,14 @@ class TorchAttentionBackend(AttentionBackend):
     def _attend_extend(self, layer, q, k, v, ext: _ExtendPlan) -> torch.Tensor:
         span = slice(ext.start, ext.start + ext.length)
         qi = q[span].transpose(0, 1)[None]
-        if ext.slots is None:  # NOTE: as the pool holds them, so a cached prefix reads the same values
+        keys = ext.keys[self.window(layer)]
+        if keys.slots is None:  # NOTE: as the pool holds them, so a cached prefix reads the same values
             ki, vi = (x[span] if x.dtype == self.kv.dtype else x[span].to(self.kv.dtype).to(x.dtype) for x in (k, v))
         else:
-            ki = self.kv.k[layer].index_select(0, ext.slots).to(q.dtype)
-            vi = self.kv.v[layer].index_select(0, ext.slots).to(q.dtype)
+            ki = self.kv.k[layer].index_select(0, keys.slots).to(q.dtype)
+            vi = self.kv.v[layer].index_select(0, keys.slots).to(q.dtype)
         o = F.scaled_dot_product_attention(
             qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
-            attn_mask=(mask := ext.masks[self.window(layer)]), is_causal=mask is None, scale=self.scale, enable_gqa=True,
+            attn_mask=keys.mask, is_causal=keys.mask is None, scale=self.scale, enable_gqa=True,
         )
         return o[0].transpose(0, 1)

@@ -6,6 +6,10 @@ and write a partial output plus its log-sum-exp; a second kernel merges the
 splits. Extend (several new tokens per request) runs programs (request, head,
 block of new tokens) over the cached prefix and the new tokens, causally.
 
+``window`` > 0 (a sliding window): a query sees only its ``window`` latest keys, its own
+included (HF's mask); decode splits only those keys, an extend block starts at its first
+query's first key. 0: every key.
+
 NOTE: import this module only after TRITON_INTERPRET is settled: ``triton.jit``
 reads it when the kernels are defined. Float32 dots use IEEE precision, not TF32.
 """
@@ -23,7 +27,7 @@ from .triton_utils import INTERPRETED, cast, dot, dot_precision
 @triton.jit
 def _decode_split_kernel(
     Q, K, V, Tok, KvIndptr, KvIndices, MidO, MidLse,
-    scale, num_splits,
+    scale, num_splits, window,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -33,8 +37,9 @@ def _decode_split_kernel(
     b, kh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_start = tl.load(KvIndptr + b)
     seq = tl.load(KvIndptr + b + 1) - kv_start
-    split_len = tl.cdiv(seq, num_splits)
-    lo = sp * split_len
+    first = tl.where(window > 0, tl.maximum(seq - window, 0), 0)  # the window's first key
+    split_len = tl.cdiv(seq - first, num_splits)
+    lo = first + sp * split_len
     hi = tl.minimum(lo + split_len, seq)
 
     offs_g = tl.arange(0, BLOCK_H)
@@ -98,7 +103,7 @@ def _decode_merge_kernel(
 @triton.jit
 def _extend_kernel(
     Q, K, V, Out, Tok, QoIndptr, KvIndptr, KvIndices, PrefixLens,
-    scale,
+    scale, window,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -119,6 +124,7 @@ def _extend_kernel(
         Q + toks[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :], other=0.0
     )
     q_pos = prefix + offs_m  # absolute position of each query
+    q_first = tl.where(window > 0, q_pos + 1 - window, 0)  # and its first key
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -126,22 +132,26 @@ def _extend_kernel(
     # keys 0 .. last query of this block; the block's rows past n_new see a subset and are not stored
     hi = tl.minimum(prefix + n_new, prefix + (mb + 1) * BLOCK_M)
     hi = tl.where(mb * BLOCK_M < n_new, hi, 0)  # a block past this request's tokens does nothing
-    for start in range(0, hi, BLOCK_N):
+    lo = tl.where(window > 0, tl.maximum(prefix + mb * BLOCK_M + 1 - window, 0), 0)  # the block's first query's
+    for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
         slots = tl.load(KvIndices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(K + slots[:, None] * stride_ks + kh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
         s = dot(q, tl.trans(k), INTERP, PRECISION) * scale
-        s = tl.where(mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
+        seen = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= q_first[:, None])
+        s = tl.where(mask_n[None, :] & seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        # NOTE: under a window a row may see no key of a block yet (m_new -inf): subtract 0 then
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + slots[:, None] * stride_vs + kh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + dot(cast(p, v.dtype, INTERP), v, INTERP, PRECISION)
         m_i = m_new
-    # NOTE: key 0 is visible to every query, so l_i > 0 on every stored row
+    # NOTE: a query's own key is visible to it, so l_i > 0 on every stored row
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
         Out + toks[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -156,9 +166,10 @@ def _dot_args(dtype: torch.dtype) -> dict:
 def decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, out: torch.Tensor,
     lay: RaggedLayout, scale: float, num_splits: int, mid: tuple[torch.Tensor, torch.Tensor],
-    block_n: int,
+    block_n: int, window: int = 0,
 ) -> None:
-    """Split-K decode of requests ``lay`` (one query each) into ``out`` rows ``lay.tokens``.
+    """Split-K decode of requests ``lay`` (one query each) into ``out`` rows ``lay.tokens``
+    (``window`` > 0: over each request's ``window`` latest keys only).
 
     ``mid`` holds float32 scratch: [B, heads, max_splits, D] and [B, heads, max_splits]
     (``max_splits >= num_splits``).
@@ -171,7 +182,7 @@ def decode_attention(
     block_d = triton.next_power_of_2(dim)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_pool, v_pool, lay.tokens, lay.kv_indptr, lay.kv_indices, mid_o, mid_lse,
-        scale, num_splits,
+        scale, num_splits, window,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(group)),
@@ -187,16 +198,17 @@ def decode_attention(
 
 def extend_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, out: torch.Tensor,
-    lay: RaggedLayout, scale: float, block_m: int, block_n: int,
+    lay: RaggedLayout, scale: float, block_m: int, block_n: int, window: int = 0,
 ) -> None:
-    """Causal attention of the new tokens of requests ``lay`` over prefix + themselves, into ``out``."""
+    """Causal attention of the new tokens of requests ``lay`` over prefix + themselves, into ``out``
+    (``window`` > 0: each over its ``window`` latest keys only)."""
     assert q.stride(-1) == 1 and out.stride(-1) == 1
     heads, dim = q.shape[1], q.shape[2]
     group = heads // k_pool.shape[1]
     grid = (lay.batch, heads, triton.cdiv(lay.max_extend, block_m))
     _extend_kernel[grid](
         q, k_pool, v_pool, out, lay.tokens, lay.qo_indptr, lay.kv_indptr, lay.kv_indices, lay.prefix_lens,
-        scale,
+        scale, window,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(dim),

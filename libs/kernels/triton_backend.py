@@ -2,7 +2,8 @@
 
 ``prepare`` splits the step into decode rows (one new token: split-K decode
 kernel) and extend rows (several: extend kernel) and builds each side's CSR
-layout once; ``forward`` stores K/V and launches at most three kernels.
+layout once; ``forward`` stores K/V and launches at most three kernels. Sliding windows
+(``set_windows``): the kernels take the layer's window and read only the keys in it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
     ops = triton_ops
+    sliding_window = True
 
     def __init__(
         self, kv, scale=None, dtype=None, *, max_splits: int = 16, min_split_len: int = 256,
@@ -71,12 +73,12 @@ class TritonAttentionBackend(AttentionBackend):
         ext = meta.extend_lens
         decode_rows, extend_rows = np.flatnonzero(ext == 1), np.flatnonzero(ext > 1)
         decode = ragged_layout(meta, decode_rows) if len(decode_rows) else None
-        splits = self._num_splits(decode) if decode else 1
+        splits = {w: self._num_splits(decode, w) if decode else 1 for w in {None, *self.windows}}
         extend = ragged_layout(meta, extend_rows) if len(extend_rows) else None
         self._step = _Step(meta.out_slots, decode, extend, splits)
 
-    def _num_splits(self, lay: RaggedLayout) -> int:
-        by_len = triton.cdiv(lay.max_seq, self.min_split_len)
+    def _num_splits(self, lay: RaggedLayout, window: int | None = None) -> int:
+        by_len = triton.cdiv(min(lay.max_seq, window or lay.max_seq), self.min_split_len)
         if self._sms:  # NOTE: enough programs to fill the GPU, no more
             by_len = min(by_len, max(1, triton.cdiv(2 * self._sms, lay.batch * self.kv.num_kv_heads)))
         return max(1, min(self.max_splits, by_len))
@@ -103,11 +105,14 @@ class TritonAttentionBackend(AttentionBackend):
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         k_pool, v_pool = self.kv.k[layer], self.kv.v[layer]
+        window = self.window(layer)
         if step.decode is not None:
             mid = self._scratch(step.decode.batch, q.shape[1])
-            kernels.decode_attention(q, k_pool, v_pool, out, step.decode, self.scale, step.splits, mid, self.block_n)
+            kernels.decode_attention(q, k_pool, v_pool, out, step.decode, self.scale, step.splits[window], mid,
+                                     self.block_n, window or 0)
         if step.extend is not None:
-            kernels.extend_attention(q, k_pool, v_pool, out, step.extend, self.scale, self.block_m, self.block_n)
+            kernels.extend_attention(q, k_pool, v_pool, out, step.extend, self.scale, self.block_m, self.block_n,
+                                     window or 0)
         return out
 
 
@@ -116,4 +121,4 @@ class _Step:
     out_slots: torch.Tensor
     decode: RaggedLayout | None  # rows with one new token
     extend: RaggedLayout | None  # rows with several
-    splits: int
+    splits: dict  # window (None: none) -> decode splits

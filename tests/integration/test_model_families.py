@@ -1,5 +1,5 @@
 """Architectures beside the default model through the real stack (`--model DIR --dtype float32`):
-tiny random Qwen3, Mistral (a 16-token sliding window that binds, on the torch backend),
+tiny random Qwen3, Mistral (a 16-token sliding window that binds, on the default cpu backend),
 Phi-4-mini (fused weights, partial rotary, longrope's short factors under --max-model-len 64),
 Qwen3-MoE and Mixtral checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF
 generate: one at a time,
@@ -25,7 +25,7 @@ N = 10
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 FAMILIES = {  # name -> (architecture, config overrides, the worker's extra flags)
     "qwen3": ("qwen3", {}, []),
-    "mistral-window": ("mistral", {"sliding_window": 16}, ["--attention-backend", "torch"]),
+    "mistral-window": ("mistral", {"sliding_window": 16}, []),
     "phi4-mini": ("phi4-mini", {"original_max_position_embeddings": 64, "rope_parameters": longrope(12, 64)},
                   ["--max-model-len", "64"]),
     "qwen3_moe": ("qwen3_moe", {}, []),

@@ -3,7 +3,9 @@
 Every check draws fresh inputs from the test's generator (see the ``gen``
 fixture, which prints its seed), fills the pool with stale data, poisons every
 slot the step does not own with NaN (attention must never read them) and the
-output with NaN (every element must be written).
+output with NaN (every element must be written). Under sliding windows (``Case.windows``)
+the V rows no query of a request sees hold 1e4, so any weight on them shows (NaN would not
+reliably: the C++ kernels are built with -ffast-math, and may read V rows they weigh 0).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class Case:
     page_size: int = 1
     layers: int = 1
     kv_dtype: torch.dtype | None = None  # the pool's (None: ``dtype``); the backend gets ``dtype`` queries
+    windows: tuple[int | None, ...] = ()  # per layer (set_windows): the keys a query sees at most; None: all
+
+    def window(self, layer: int) -> int | None:
+        return self.windows[layer] if layer < len(self.windows) else None
 
     @property
     def pool_dtype(self) -> torch.dtype:
@@ -47,8 +53,10 @@ def random_lens(gen: torch.Generator, batch: int, max_prefix: int, max_extend: i
     return prefix, extend
 
 
-def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int, scale: float) -> torch.Tensor:
-    """Causal GQA attention in float64 of ``q`` [n, H, D] over ``keys``/``values`` [prefix + n, Hkv, D]."""
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int, scale: float,
+              window: int | None = None) -> torch.Tensor:
+    """Causal GQA attention in float64 of ``q`` [n, H, D] over ``keys``/``values`` [prefix + n, Hkv, D]
+    (under a window, query i sees keys prefix + i - window + 1 .. prefix + i only: HF's mask)."""
     n, heads = q.shape[:2]
     group = heads // keys.shape[1]
     k = keys.double().repeat_interleave(group, dim=1)
@@ -56,12 +64,15 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix:
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
     pos_k = torch.arange(keys.shape[0], device=q.device)
     pos_q = prefix + torch.arange(n, device=q.device)
-    scores = scores.masked_fill(pos_k[None, None, :] > pos_q[None, :, None], float("-inf"))
+    hidden = pos_k[None, :] > pos_q[:, None]
+    if window:
+        hidden |= pos_k[None, :] <= pos_q[:, None] - window
+    scores = scores.masked_fill(hidden[None], float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
 def check_attention(
-    make_backend: Callable[[KVPool], AttentionBackend], case: Case, gen: torch.Generator, device: str = "cpu"
+    make_backend: Callable[[KVPool], AttentionBackend], case: Case, gen: torch.Generator, device: str = "cpu",
 ) -> float:
     """Run ``case`` through a fresh backend; assert stores, coverage and accuracy; return the worst relative error.
     The reference reads K/V as the pool holds them: attention over a bf16 pool under fp32
@@ -77,6 +88,9 @@ def check_attention(
         t.copy_(_randn(t.shape, gen, case.pool_dtype, device) * 3)
         t[step.free] = float("nan")
     backend = make_backend(pool)
+    if case.windows:
+        backend.set_windows(case.windows)
+        _loud_hidden_values(pool, case, step.owned)
     backend.prepare(step.meta)
     heads, tokens = case.kv_heads * case.group, step.meta.num_tokens
     worst = 0.0
@@ -92,13 +106,22 @@ def check_attention(
         assert not out.isnan().any(), f"{int(out.isnan().any(-1).any(-1).sum())} token rows left unwritten"
         for i, span in enumerate(step.token_spans):
             owned = step.owned[i]
-            ref = reference(q[span], pool.k[layer][owned], pool.v[layer][owned], case.prefix_lens[i], backend.scale)
+            ref = reference(q[span], pool.k[layer][owned], pool.v[layer][owned], case.prefix_lens[i], backend.scale,
+                            case.window(layer))
             err = float((out[span].double() - ref).abs().max() / ref.abs().max())
             assert err <= TOLERANCE[case.dtype], (
                 f"request {i} (prefix {case.prefix_lens[i]}, extend {case.extend_lens[i]}): relative error {err:.2e}"
             )
             worst = max(worst, err)
     return worst
+
+
+def _loud_hidden_values(pool: KVPool, case: Case, owned: list[torch.Tensor]) -> None:
+    """1e4 in the V rows of each request's keys that no query of it sees under its layer's window."""
+    for layer in range(case.layers):
+        if window := case.window(layer):
+            for prefix, slots in zip(case.prefix_lens, owned):
+                pool.v[layer][slots[: max(0, prefix + 1 - window)]] = 1e4
 
 
 def _randn(shape, gen: torch.Generator, dtype: torch.dtype, device: str) -> torch.Tensor:

@@ -238,4 +238,4 @@ def test_the_decode_kernel_names_the_dtypes_it_takes(gen):
     q = torch.randn(2, 2, 64).bfloat16()
     with pytest.raises(RuntimeError, match="fp32 q and out over a bf16 pool"):
         kernel.paged_decode(q, pool.k[0], pool.v[0], step.meta.slot_table, step.meta.rows, torch.tensor([4, 10]),
-                            torch.empty(0, dtype=torch.int64), 0.125, torch.empty_like(q))
+                            torch.empty(0, dtype=torch.int64), 0.125, torch.empty_like(q), 0)

@@ -41,3 +41,13 @@ def test_float32_pool_is_refused():
 
     with pytest.raises(BackendNotAvailable, match="float16/bfloat16"):
         get_backend("flashinfer", KVPool(1, 8, 2, 64, torch.float32, "cuda"))
+
+
+@pytest.mark.parametrize("window", [1, 16, 100])
+def test_sliding_windows(gen, window):
+    """window_left per layer (flashinfer_plan.py): mixed steps (the prefill wrapper) and decode-only
+    steps (the decode wrappers), a windowed layer beside a global one."""
+    prefix, extend = random_lens(gen, batch=6, max_prefix=300, max_extend=40)
+    for lens in (extend, [1] * 6):
+        case = Case(prefix, lens, kv_heads=2, group=4, dtype=torch.bfloat16, layers=2, windows=(window, None))
+        check_attention(flashinfer_backend, case, gen, "cuda")

@@ -51,7 +51,25 @@ def test_split_k_decode_long_and_short_contexts(gen):
 
     check_attention(make, case, gen, DEVICE)
     if DEVICE == "cpu":
-        assert backend["b"]._step.splits == 16
+        assert backend["b"]._step.splits[None] == 16
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliding_windows(gen, window, dtype):
+    """Windows shorter and longer than the sequences, a windowed layer beside a global one; query
+    blocks (32) taller than key blocks (16), so a row may see nothing of its block's first keys.
+    Decode splits and extend blocks start at the window."""
+    case = Case([0, 15, 16, 40, 3, 60], [20, 1, 17, 1, 33, 1], kv_heads=2, group=3, layers=2, dtype=dtype,
+                windows=(window, None))
+    backend = {}
+
+    def make(pool):
+        backend["b"] = TritonAttentionBackend(pool, block_m=32, block_n=16, min_split_len=16, max_splits=4)
+        return backend["b"]
+
+    check_attention(make, case, gen, DEVICE)
+    assert backend["b"]._step.splits[window] == min(4, -(-min(61, window) // 16))
 
 
 @pytest.mark.parametrize("prefix", [0, 1, 15, 16, 17])

@@ -11,6 +11,8 @@
 //   k, v   [S, kv_heads, D]       one layer's pool: q's dtype, or bf16 under fp32 q (KV
 //                                 kept in half the bytes where the model computes in fp32)
 //   table  [R, max_len] int64, rows [B], lens [B] (keys 0 .. lens[b] - 1)
+//   window > 0: each query sees only its ``window`` latest keys (its own included), so an
+//   item walks keys max(0, lens[b] - window) .. lens[b] - 1 only; 0: every key
 #include <ATen/core/Tensor.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -255,8 +257,11 @@ auto pick_item(const DecodeShape& s) {
 
 struct DecodeArgs {
   const int64_t *table, *rows, *lens, *tokens;  // tokens: null where request b's query is token b
-  int64_t B, Hq, stride;
+  int64_t B, Hq, stride, window;
   DecodeShape shape;
+
+  // request b's first key: a window starts its slots (and shortens its length) there
+  int64_t first_key(int64_t b) const { return window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0; }
 };
 
 // Items (a request and a range of its kv heads) in parallel, the next item's first keys
@@ -274,10 +279,11 @@ void run_items(const Q* q, const T* k, const T* v, Q* out, const DecodeArgs& a) 
       const int64_t b = item / split, h0 = (item % split) * per;
       const int64_t t = a.tokens ? a.tokens[b] : b;
       if (item + 1 < end) {
-        const int64_t nb = (item + 1) / split, nh0 = ((item + 1) % split) * per;
-        prefetch_head(k, v, a.table + a.rows[nb] * a.stride, a.lens[nb], kv_heads * D, nh0 * D, bytes);
+        const int64_t nb = (item + 1) / split, nh0 = ((item + 1) % split) * per, nlo = a.first_key(nb);
+        prefetch_head(k, v, a.table + a.rows[nb] * a.stride + nlo, a.lens[nb] - nlo, kv_heads * D, nh0 * D, bytes);
       }
-      item_fn(q + t * a.Hq * D, k, v, a.table + a.rows[b] * a.stride, a.lens[b], a.shape, h0, h0 + per,
+      const int64_t lo = a.first_key(b);  // NOTE: the items see a shorter row of slots, nothing else changes
+      item_fn(q + t * a.Hq * D, k, v, a.table + a.rows[b] * a.stride + lo, a.lens[b] - lo, a.shape, h0, h0 + per,
               out + t * a.Hq * D, buf);
     }
   });
@@ -287,8 +293,9 @@ void run_items(const Q* q, const T* k, const T* v, Q* out, const DecodeArgs& a) 
 
 void paged_decode_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                        const at::Tensor& rows, const at::Tensor& lens, const at::Tensor& tokens, double scale,
-                       at::Tensor& out) {
+                       at::Tensor& out, int64_t window) {
   check_pool_args(q, k, v, table, out, /*bf16_pool_under_fp32=*/true);
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: every key)");
   check_index(rows, "rows");
   check_index(lens, "lens");
   check_index(tokens, "tokens");
@@ -304,7 +311,7 @@ void paged_decode_into(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                 "row or length out of range");
     TORCH_CHECK(direct || (tok_p[b] >= 0 && tok_p[b] < q.size(0)), "token index out of range");
   }
-  const DecodeArgs args{table.data_ptr<int64_t>(), rows_p, lens_p, tok_p, B, Hq, stride,
+  const DecodeArgs args{table.data_ptr<int64_t>(), rows_p, lens_p, tok_p, B, Hq, stride, window,
                         DecodeShape{kv_heads, Hq / kv_heads, D, static_cast<float>(scale)}};
   if (k.scalar_type() != q.scalar_type()) {  // check_pool_args: fp32 q over a bf16 pool
     run_items(q.data_ptr<float>(), k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>(), out.data_ptr<float>(),

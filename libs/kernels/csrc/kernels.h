@@ -11,11 +11,12 @@ at::Tensor paged_decode_v1(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor 
 
 void paged_decode_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                        const at::Tensor& rows, const at::Tensor& lens, const at::Tensor& tokens, double scale,
-                       at::Tensor& out);
+                       at::Tensor& out, int64_t window = 0);
 
 void paged_extend_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                        const at::Tensor& rows, const at::Tensor& prefix, const at::Tensor& extend,
-                       const at::Tensor& starts, double scale, at::Tensor& out, bool allow_brgemm);
+                       const at::Tensor& starts, double scale, at::Tensor& out, bool allow_brgemm,
+                       int64_t window = 0);
 
 bool amx_bf16_available();
 bool set_brgemm(bool allowed);  // returns the previous setting

@@ -71,6 +71,8 @@ struct TileBase {
       kblocks.resize(block + 1), vblocks.resize(block + 1), sizes.resize(block + 1);
     }
     kblocks[block].resize(kbytes), vblocks[block].resize(vbytes), sizes[block] = n;
+    // NOTE: a window may start past blocks never packed for this (request, head): not valid
+    for (int64_t i = packed; i < block; ++i) sizes[i] = -1;
     packed = block + 1;
     return true;
   }

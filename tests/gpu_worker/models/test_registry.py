@@ -76,15 +76,17 @@ def test_windows_that_never_bind_are_served(tmp_path, overrides):
 @pytest.mark.parametrize("arch,overrides", [("mistral", dict(sliding_window=32)),
                                             ("qwen2", dict(use_sliding_window=True, sliding_window=32, max_window_layers=1))])
 def test_a_window_that_binds_is_refused_on_backends_without_windows(tmp_path, arch, overrides):
+    """cpu_v1 (the benchmarks' baseline) has no windows; every backend a worker picks has."""
     write(arch, tmp_path, **overrides)
-    config = dict(model=str(tmp_path), kv_slots=256, max_requests=2, dtype="float32", attention_backend="cpu")
+    config = dict(model=str(tmp_path), kv_slots=256, max_requests=2, dtype="float32", attention_backend="cpu_v1")
     with pytest.raises(UnsupportedModel, match=r"sliding_window=32 binds .*--attention-backend torch"):
         ModelRunner(RunnerConfig(**config))
     runner = ModelRunner(RunnerConfig(**config, max_model_len=32))  # NOTE: a context the window covers
     assert not any(runner.attn.windows)
-    windowed = ModelRunner(RunnerConfig(**{**config, "attention_backend": "torch"}))
-    assert windowed.attn.windows == ((32, 32) if arch == "mistral" else (None, 32))
-    assert not windowed.model.fast_decode_loop  # NOTE: the C++ decode loop has no window
+    for backend in ("cpu", "torch"):
+        windowed = ModelRunner(RunnerConfig(**{**config, "attention_backend": backend}))
+        assert windowed.attn.windows == ((32, 32) if arch == "mistral" else (None, 32))
+        assert not windowed.model.fast_decode_loop  # NOTE: the C++ decode loop has no window
 
 
 def test_unused_checkpoint_tensors_are_refused(tmp_path):
