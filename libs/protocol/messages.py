@@ -556,15 +556,15 @@ class NewRow(Base, array_like=True):
 
 
 class SamplingExtras(Base, array_like=True):
-    """A new row's penalties, min_p, min_tokens and logit_bias (SamplingParams' fields),
-    with the tokens its counts start from: a retracted or moved request brings
-    ``output_ids`` (and ``prompt_ids`` for a repetition penalty), so it samples as
-    if it had never left. Samples count from the step whose row length reaches
+    """A new row's penalties, min_p, min_tokens and logit_bias (SamplingParams' fields, under
+    their names: extras.py copies those), with the tokens its counts start from: a retracted
+    or moved request brings ``output_ids`` (and ``prompt_ids`` for a repetition penalty), so
+    it samples as if it had never left. Samples count from the step whose row length reaches
     ``sample_from`` (the fill length; earlier prefill chunks sample nothing kept)."""
 
-    presence: float = 0.0
-    frequency: float = 0.0
-    repetition: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     min_p: float = 0.0
     min_tokens: int = 0
     prompt_len: int = 0

@@ -17,6 +17,8 @@ import asyncio
 import dataclasses
 from typing import AsyncIterator, Awaitable, Callable, Sequence
 
+import msgspec
+
 from libs.protocol import ServiceError, tracing
 
 from .chat_stream import ChoiceStream
@@ -35,7 +37,8 @@ def choice_requests(req: GenerationRequest, n: int) -> list[GenerationRequest]:
     """``n`` copies of ``req``, choice i seeded ``seed + i``."""
     if n == 1:
         return [req]
-    return [dataclasses.replace(req, seed=_seed(req.seed, i)) for i in range(n)]
+    return [dataclasses.replace(req, params=msgspec.structs.replace(req.params, seed=_seed(req.params.seed, i)))
+            for i in range(n)]
 
 
 def _seed(seed: int | None, i: int) -> int | None:

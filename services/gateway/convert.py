@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from libs.protocol.messages import ChatMessage
 
-from .controls import apply_controls
+from .controls import check_controls
 from .errors import ApiError, bad_request, not_supported
 from .pipeline import GenerationRequest
-from .schemas import (
-    ChatCompletionRequest, CompletionRequest, GenerateRequest, Message, SamplingParamsBody,
-    OpenAIRequestBase,
-)
+from .sampling import sampling_params
+from .schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, Message, OpenAIRequestBase
 from .structured import native_format, output_regex
 from .tools import apply_tools, message_tool_fields
 
@@ -32,12 +30,12 @@ def chat_request(body: ChatCompletionRequest) -> GenerationRequest:
     req = _sampling(body)
     req.messages = [_chat_message(m, i) for i, m in enumerate(body.messages)]
     if body.logprobs:  # of the output tokens only
-        req.return_logprob = req.show_logprobs = True
-        req.top_logprobs_num = body.top_logprobs or 0
+        req.params.return_logprob = req.show_logprobs = True
+        req.params.top_logprobs_num = body.top_logprobs or 0
     if body.max_completion_tokens is not None:
         req.max_new_tokens = body.max_completion_tokens
     apply_tools(req, body)
-    _controls(req, body)
+    check_controls(req)
     return req
 
 
@@ -89,11 +87,11 @@ def _completion(body: CompletionRequest, prompt) -> GenerationRequest:
     req.echo = body.echo
     if body.logprobs is not None or (body.echo and req.input_ids is not None):
         # NOTE: echoing token ids needs their text: the prompt's logprob pass brings it
-        req.return_logprob = True
-        req.logprob_start_len = 0 if body.echo else -1
-        req.top_logprobs_num = body.logprobs or 0
+        req.params.return_logprob = True
+        req.params.logprob_start_len = 0 if body.echo else -1
+        req.params.top_logprobs_num = body.logprobs or 0
         req.show_logprobs = body.logprobs is not None
-    _controls(req, body)
+    check_controls(req)
     return req
 
 
@@ -102,61 +100,27 @@ def generate_request(body: GenerateRequest) -> GenerationRequest:
         raise bad_request("exactly one of text or input_ids is required", "text")
     if body.text == "":
         raise bad_request("text must not be empty", "text")
-    sp: SamplingParamsBody = body.sampling_params
+    sp = body.sampling_params
     if body.return_logprob and body.stream:
         raise not_supported("return_logprob", " with stream")
+    # NOTE: the logprob fields sit beside sampling_params (SGLang's layout)
+    params = sampling_params((sp, "sampling_params."), (body, ""))
+    params.regex = output_regex(sp.regex, native_format(sp.json_schema), sp.ignore_eos, "sampling_params.")
     req = GenerationRequest(
         text=body.text, input_ids=body.input_ids, add_generation_prompt=False,
-        max_new_tokens=sp.max_new_tokens, temperature=sp.temperature, top_p=sp.top_p,
-        top_k=_top_k(sp.top_k, "sampling_params.top_k"), seed=sp.seed,
-        stop=_stop(sp.stop), stop_token_ids=sp.stop_token_ids or [],
-        ignore_eos=sp.ignore_eos, skip_special_tokens=sp.skip_special_tokens,
-        cache_salt=body.cache_salt or "", return_logprob=body.return_logprob,
-        logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num,
+        max_new_tokens=sp.max_new_tokens, params=params, cache_salt=body.cache_salt or "",
         show_logprobs=body.return_logprob,
-        regex=output_regex(sp.regex, native_format(sp.json_schema), sp.ignore_eos, "sampling_params."),
     )
-    apply_controls(req, presence=sp.presence_penalty, frequency=sp.frequency_penalty,
-                   repetition=sp.repetition_penalty, min_p=sp.min_p, min_tokens=sp.min_new_tokens,
-                   logit_bias=sp.logit_bias, prefix="sampling_params.", min_tokens_name="min_new_tokens")
+    check_controls(req, "sampling_params.", "min_new_tokens")
     return req
 
 
 def _sampling(body: OpenAIRequestBase) -> GenerationRequest:
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    return GenerationRequest(
-        max_new_tokens=body.max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=_top_k(body.top_k, "top_k"), seed=body.seed, stop=_stop(body.stop),
-        stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos,
-        skip_special_tokens=body.skip_special_tokens, cache_salt=body.cache_salt or "",
-        regex=output_regex(body.regex, body.response_format, body.ignore_eos),
-    )
-
-
-def _controls(req: GenerationRequest, body: OpenAIRequestBase) -> None:
-    apply_controls(req, presence=body.presence_penalty, frequency=body.frequency_penalty,
-                   repetition=body.repetition_penalty, min_p=body.min_p, min_tokens=body.min_tokens,
-                   logit_bias=body.logit_bias)
-
-
-def _top_k(top_k: int | None, param: str) -> int:
-    if top_k is None or top_k in (0, -1):
-        return -1
-    if top_k < 1:
-        raise bad_request(f"{param} must be -1 (disabled) or >= 1", param)
-    return top_k
-
-
-def _stop(stop: str | list[str] | None) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if any(s == "" for s in stops):
-        raise bad_request("stop strings must not be empty", "stop")
-    return stops
+    params = sampling_params((body, ""))
+    params.regex = output_regex(body.regex, body.response_format, body.ignore_eos)
+    return GenerationRequest(max_new_tokens=body.max_tokens, params=params, cache_salt=body.cache_salt or "")
 
 
 def _chat_message(msg: Message, index: int) -> ChatMessage:

@@ -75,7 +75,7 @@ class OpenAIFormat:
             text = echoed + text
         elif lp is not None:
             skip = max(0, done.usage.prompt_tokens - lp.start)  # only the completion's
-        body = legacy_logprobs(lp, skip, req.top_logprobs_num > 0) if shown else None
+        body = legacy_logprobs(lp, skip, req.params.top_logprobs_num > 0) if shown else None
         return {"index": index, "text": text, "logprobs": body, "finish_reason": done.finish_reason}
 
     @staticmethod

@@ -131,4 +131,4 @@ def stream_logprobs(req, chat: bool, prompt_tokens: int) -> LogprobStream | None
     """The LogprobStream of a request (a GenerationRequest) that shows logprobs, else None."""
     if not req.show_logprobs:
         return None
-    return LogprobStream(chat, req.top_logprobs_num > 0, prompt_tokens)
+    return LogprobStream(chat, req.params.top_logprobs_num > 0, prompt_tokens)

@@ -192,7 +192,7 @@ class Pipeline:
             "radixmesh.rid": rid, "radixmesh.model": self.model, "radixmesh.tenant": _tenant(req)})
         # NOTE: every submission of a request samples with one seed, so a resumed
         # request continues exactly as it would have on its first worker
-        seed = req.seed if req.seed is not None else secrets.randbits(63)
+        seed = req.params.seed if req.params.seed is not None else secrets.randbits(63)
         try:
             with trace.use_span(span, end_on_exit=False):
                 bus_rid, run = await self._launch_fresh(rid, req, Resume(seed=seed))
@@ -336,8 +336,8 @@ class Pipeline:
         return EncodeRequest(
             rid=rid, gateway=self.instance, text=req.text, messages=req.messages,
             input_ids=req.input_ids, add_generation_prompt=req.add_generation_prompt,
-            max_new_tokens=req.max_new_tokens, stop=req.stop,
-            skip_special_tokens=req.skip_special_tokens, tools=req.tools,
+            max_new_tokens=req.max_new_tokens, stop=req.params.stop,
+            skip_special_tokens=req.params.skip_special_tokens, tools=req.tools,
         )
 
     def _publish_later(self, subject: str, msg) -> None:

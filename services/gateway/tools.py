@@ -44,13 +44,13 @@ def apply_tools(req: GenerationRequest, body: ChatCompletionRequest) -> None:
     if not forced:
         raise bad_request(f"tool_choice names function {choice.function.name!r}, which is not "
                           "among the tools", "tool_choice.function.name")
-    if req.regex:
+    if req.params.regex:
         raise bad_request("a forced tool_choice and regex / response_format exclude each other",
                           "tool_choice")
-    if req.ignore_eos:
+    if req.params.ignore_eos:
         raise bad_request("a forced tool_choice and ignore_eos exclude each other: the call ends "
                           "the output", "tool_choice")
-    req.regex = call_regex(forced, [names.index(t.function.name) for t in forced])
+    req.params.regex = call_regex(forced, [names.index(t.function.name) for t in forced])
     req.tool_mode = "forced"
 
 

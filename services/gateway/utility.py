@@ -26,6 +26,7 @@ from libs.protocol import ServiceError
 
 from .errors import ApiError
 from .request import GenerationRequest
+from .sampling import unresolved
 from .schemas import AbortBody
 
 HEALTH_PROMPT = "ping"
@@ -108,7 +109,7 @@ class UtilityRoutes:
 
     async def _one_token(self):
         gen = await self.backend.submit(GenerationRequest(
-            text=HEALTH_PROMPT, add_generation_prompt=False, max_new_tokens=1, temperature=0.0))
+            text=HEALTH_PROMPT, add_generation_prompt=False, max_new_tokens=1, params=unresolved(temperature=0.0)))
         async with gen:
             return await gen.collect()
 

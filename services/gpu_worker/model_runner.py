@@ -203,9 +203,10 @@ class ModelRunner:
                           top_lp.reshape(-1).tolist(), plan.top_k)
 
     @torch.inference_mode()
-    def logits(self, batch: ForwardBatch) -> torch.Tensor:
-        """Run ``batch`` like :meth:`execute` but return the last tokens' logits [B, vocab] (float32)."""
-        return self._forward(batch, parse_batch(batch, self.limits))[1]
+    def logits(self, batch: ForwardBatch, at: np.ndarray | None = None) -> torch.Tensor:
+        """Run ``batch`` like :meth:`execute` but return the last tokens' logits [B, vocab] (float32),
+        then those of the tokens at ``at`` (flat token indices of the step), without sampling."""
+        return self._forward(batch, parse_batch(batch, self.limits), at)[1]
 
     def _forward(self, batch: ForwardBatch, step: StepArrays,
                  extra: np.ndarray | None = None) -> tuple[StepArrays, torch.Tensor]:

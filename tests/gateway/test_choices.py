@@ -11,14 +11,15 @@ from libs.protocol.messages import Usage
 from services.gateway.choices import choice_requests, open_choices
 from services.gateway.formats import choices_usage
 from services.gateway.request import GenerationRequest
+from services.gateway.sampling import unresolved
 
 
 def test_choice_i_samples_with_seed_plus_i_wrapping_in_int64():
-    assert [r.seed for r in choice_requests(GenerationRequest(text="a", seed=5), 3)] == [5, 6, 7]
+    assert [r.params.seed for r in choice_requests(GenerationRequest(text="a", params=unresolved(seed=5)), 3)] == [5, 6, 7]
     top = (1 << 63) - 1
-    assert [r.seed for r in choice_requests(GenerationRequest(text="a", seed=top), 2)] == [top, -(1 << 63)]
-    assert [r.seed for r in choice_requests(GenerationRequest(text="a"), 2)] == [None, None]
-    one = GenerationRequest(text="a", seed=1)
+    assert [r.params.seed for r in choice_requests(GenerationRequest(text="a", params=unresolved(seed=top)), 2)] == [top, -(1 << 63)]
+    assert [r.params.seed for r in choice_requests(GenerationRequest(text="a"), 2)] == [None, None]
+    one = GenerationRequest(text="a", params=unresolved(seed=1))
     assert choice_requests(one, 1) == [one]
 
 
@@ -80,4 +81,4 @@ async def test_native_n_is_bounded_and_not_streamed():
         _error(await client.post("/generate", json={"text": "a", "stream": True, "sampling_params": {"n": 2}}),
                400, "sampling_params.n", "not supported")
         await client.post("/generate", json={"text": "a", "sampling_params": {"n": 3, "seed": 9}})
-    assert [r.seed for r in backend.requests] == [9]  # the first choice, refused: the rest never sent
+    assert [r.params.seed for r in backend.requests] == [9]  # the first choice, refused: the rest never sent

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.controls import check_token_ids
+from services.gateway.sampling import unresolved
 from libs.protocol import ServiceError
 
 from .test_routes import CHAT, COMPLETION, _error, backend, client  # noqa: F401 - fixtures
@@ -79,9 +80,9 @@ async def test_controls_reach_the_sampling_params(client, backend):
 def test_logit_bias_ids_past_the_vocabulary_are_refused():
     from services.gateway.request import GenerationRequest
 
-    req = GenerationRequest(text="a", logit_bias={5: 1.0, 49152: 2.0})
+    req = GenerationRequest(text="a", params=unresolved(logit_bias={5: 1.0, 49152: 2.0}))
     with pytest.raises(ServiceError, match=r"logit_bias: token id 49152 out of range \[0, 49152\)") as exc:
         check_token_ids(req, 49152)
     assert exc.value.status == 400
     check_token_ids(req, 0)  # vocabulary not named: the worker checks
-    check_token_ids(GenerationRequest(text="a", logit_bias={49151: 1.0}), 49152)
+    check_token_ids(GenerationRequest(text="a", params=unresolved(logit_bias={49151: 1.0})), 49152)

@@ -10,6 +10,7 @@ from services.gateway.logprobs import (
     LogprobStream, chat_logprobs, legacy_logprobs, merge_logprobs, stream_logprobs,
 )
 from services.gateway.pipeline import GenerationRequest
+from services.gateway.sampling import unresolved
 
 # " 日" is two tokens in a byte-level vocabulary: b" \xe6" then b"\x97\xa5"; alone each
 # decodes to U+FFFD, so the tokenizer sends their bytes
@@ -54,9 +55,9 @@ def test_completion_chunks_joined_are_the_body_offsets_going_on():
 
 
 def test_only_requests_that_show_logprobs_get_a_stream():
-    shown = GenerationRequest(text="x", return_logprob=True, show_logprobs=True, top_logprobs_num=2)
+    shown = GenerationRequest(text="x", params=unresolved(return_logprob=True, top_logprobs_num=2), show_logprobs=True)
     assert stream_logprobs(shown, chat=False, prompt_tokens=3) == LogprobStream(False, True, 3)
-    hidden = GenerationRequest(text="x", return_logprob=True)  # an echo of ids needs their text only
+    hidden = GenerationRequest(text="x", params=unresolved(return_logprob=True))  # an echo of ids needs their text only
     assert stream_logprobs(hidden, chat=True, prompt_tokens=3) is None
 
 

@@ -55,14 +55,14 @@ def _body(**kw) -> CompletionRequest:
 def test_completion_requests_batch_echo_and_prefill_only():
     reqs = convert.completion_requests(_body(prompt=["a b", "c"], max_tokens=0, echo=True, logprobs=1))
     assert [r.text for r in reqs] == ["a b", "c"]
-    assert all(r.max_new_tokens == 0 and r.return_logprob and r.logprob_start_len == 0
-               and r.top_logprobs_num == 1 and r.show_logprobs and r.echo for r in reqs)
+    assert all(r.max_new_tokens == 0 and r.params.return_logprob and r.params.logprob_start_len == 0
+               and r.params.top_logprobs_num == 1 and r.show_logprobs and r.echo for r in reqs)
     sp = reqs[0].sampling(0)
     assert (sp.max_new_tokens, sp.return_logprob, sp.logprob_start_len, sp.top_logprobs_num) == (0, True, 0, 1)
     ids = convert.completion_requests(_body(prompt=[4, 5], echo=True))[0]
-    assert ids.return_logprob and not ids.show_logprobs  # the echo of token ids needs their text
+    assert ids.params.return_logprob and not ids.show_logprobs  # the echo of token ids needs their text
     plain = convert.completion_requests(_body(prompt="x", logprobs=0))[0]
-    assert plain.logprob_start_len == -1 and plain.top_logprobs_num == 0
+    assert plain.params.logprob_start_len == -1 and plain.params.top_logprobs_num == 0
 
 
 def _done(rid, text, ids, usage, lp) -> Completion:

@@ -15,11 +15,12 @@ from libs.protocol import tracing as bus_tracing
 from libs.protocol.messages import ChatMessage
 from services.gateway import pipeline as pipeline_module
 from services.gateway.pipeline import GenerationRequest, Pipeline, PipelineConfig
+from services.gateway.sampling import unresolved
 
 
 async def test_collect_runs_the_whole_path(played, pipeline):
-    req = GenerationRequest(text="hello", max_new_tokens=4, temperature=0.0, top_k=5, seed=3,
-                            stop=["\n"], stop_token_ids=[9])
+    req = GenerationRequest(text="hello", max_new_tokens=4, params=unresolved(
+        temperature=0.0, top_k=5, seed=3, stop=["\n"], stop_token_ids=[9]))
     gen = await pipeline.submit(req)
     assert pipeline.open_requests == 1
     async with gen:
@@ -43,7 +44,8 @@ async def test_collect_runs_the_whole_path(played, pipeline):
 
 @pytest.mark.parametrize("kind", ["return_logprob", "regex"])
 async def test_a_request_a_decode_worker_prefills_itself_is_routed_as_one(played, pipeline, kind):
-    req = GenerationRequest(text="hello", max_new_tokens=2, **{kind: True if kind == "return_logprob" else "[a-z]+"})
+    req = GenerationRequest(text="hello", max_new_tokens=2,
+                            params=unresolved(**{kind: True if kind == "return_logprob" else "[a-z]+"}))
     async with await pipeline.submit(req) as gen:
         await gen.collect()
     assert played.routes[0].local_prefill

@@ -204,15 +204,15 @@ async def test_valid_requests_are_converted(client, backend):
     await client.post("/v1/completions", json={**COMPLETION, "regex": "(yes|no)"})
     await client.post("/generate", json={"text": "q", "sampling_params": {"regex": "[0-9]{2}"}})
     chat, ids, text, native, regex, native_regex = backend.requests
-    assert (regex.regex, native_regex.regex, chat.regex) == ("(yes|no)", "[0-9]{2}", "")
+    assert (regex.params.regex, native_regex.params.regex, chat.params.regex) == ("(yes|no)", "[0-9]{2}", "")
     assert regex.sampling(4).regex == "(yes|no)"
     assert [(m.role, m.content) for m in chat.messages] == [("system", "be brief"), ("user", "ab"), ("assistant", "")]
-    assert (chat.max_new_tokens, chat.temperature, chat.top_k, chat.seed) == (7, 0.0, -1, 5)
-    assert (chat.stop, chat.stop_token_ids, chat.ignore_eos) == (["END"], [2], True)
+    assert (chat.max_new_tokens, chat.params.temperature, chat.params.top_k, chat.params.seed) == (7, 0.0, -1, 5)
+    assert (chat.params.stop, chat.params.stop_token_ids, chat.params.ignore_eos) == (["END"], [2], True)
     assert chat.add_generation_prompt and chat.text is None
-    assert (ids.input_ids, ids.max_new_tokens, ids.temperature) == ([1, 2, 3], 16, 1.0)
+    assert (ids.input_ids, ids.max_new_tokens, ids.params.temperature) == ([1, 2, 3], 16, 1.0)
     assert (text.text, text.max_new_tokens) == ("only", 3)
-    assert (native.input_ids, native.max_new_tokens, native.temperature) == ([4, 5], 128, 0.5)
+    assert (native.input_ids, native.max_new_tokens, native.params.temperature) == ([4, 5], 128, 0.5)
     assert not native.add_generation_prompt
 
 

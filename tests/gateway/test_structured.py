@@ -37,10 +37,10 @@ async def test_a_json_schema_becomes_the_requests_regex(client, backend):
     await client.post("/v1/completions", json={**COMPLETION, "response_format": {"type": "json_object"}})
     await client.post("/v1/chat/completions", json={**CHAT, "response_format": {"type": "text"}})
     schema, json_object, text = backend.requests
-    assert schema.regex == schema_to_regex(PERSON)
-    assert re.fullmatch(schema.regex, json.dumps({"name": "Ada", "age": 36}, separators=(",", ":")))
-    assert not re.fullmatch(schema.regex, json.dumps({"name": "Ada"}, separators=(",", ":")))
-    assert json_object.regex == JSON_OBJECT_REGEX and text.regex == ""
+    assert schema.params.regex == schema_to_regex(PERSON)
+    assert re.fullmatch(schema.params.regex, json.dumps({"name": "Ada", "age": 36}, separators=(",", ":")))
+    assert not re.fullmatch(schema.params.regex, json.dumps({"name": "Ada"}, separators=(",", ":")))
+    assert json_object.params.regex == JSON_OBJECT_REGEX and text.params.regex == ""
 
 
 @pytest.mark.parametrize("patch, param, contains", [
@@ -68,7 +68,7 @@ async def test_generate_takes_sglangs_json_schema_as_object_or_string(client, ba
     await client.post("/generate", json={"text": "q", "sampling_params": {"json_schema": PERSON}})
     await client.post("/generate", json={"text": "q", "sampling_params": {"json_schema": json.dumps(PERSON)}})
     as_object, as_string = backend.requests
-    assert as_object.regex == as_string.regex == schema_to_regex(PERSON)
+    assert as_object.params.regex == as_string.params.regex == schema_to_regex(PERSON)
 
 
 @pytest.mark.parametrize("sampling, contains", [

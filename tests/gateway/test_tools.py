@@ -49,7 +49,7 @@ async def test_bad_tool_requests_are_400(client, backend, patch, param, contains
 
 async def test_auto_offers_the_tools_and_none_does_not(client, backend):
     auto = await _accepted(client, backend, tools=[WEATHER, TIME])
-    assert auto.tool_mode == "auto" and auto.regex == ""
+    assert auto.tool_mode == "auto" and auto.params.regex == ""
     assert [t.name for t in auto.tools] == ["get_weather", "get_time"]
     assert json.loads(auto.tools[0].parameters) == WEATHER["function"]["parameters"]
     none = await _accepted(client, backend, tools=[WEATHER], tool_choice="none")
@@ -61,13 +61,13 @@ async def test_forced_calls_are_constrained_to_the_schema(client, backend):
                             tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert named.tool_mode == "forced"
     ok = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
-    assert re.fullmatch(named.regex, ok, re.ASCII)
+    assert re.fullmatch(named.params.regex, ok, re.ASCII)
     for bad in (ok.replace('"Paris"', "7"), ok.replace("get_weather", "get_time"),
                 '<tool_call>\n{"name": "get_weather", "arguments": {"days": 3}}\n</tool_call>', ok[:-1]):
-        assert not re.fullmatch(named.regex, bad, re.ASCII), bad
+        assert not re.fullmatch(named.params.regex, bad, re.ASCII), bad
     required = await _accepted(client, backend, tools=[WEATHER, TIME], tool_choice="required")
-    assert re.fullmatch(required.regex, ok, re.ASCII)
-    assert re.fullmatch(required.regex, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', re.ASCII)
+    assert re.fullmatch(required.params.regex, ok, re.ASCII)
+    assert re.fullmatch(required.params.regex, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', re.ASCII)
 
 
 async def test_a_conversation_with_calls_and_results_reaches_the_tokenizer(client, backend):

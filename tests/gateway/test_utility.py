@@ -79,7 +79,7 @@ async def test_health_generate_is_503_json_when_generation_fails(backend):
         err = _error(await client.get("/health_generate"), 503, contains="health generation failed")
     assert err["code"] == "unhealthy"
     [req] = backend.requests
-    assert (req.max_new_tokens, req.temperature, req.add_generation_prompt) == (1, 0.0, False)
+    assert (req.max_new_tokens, req.params.temperature, req.add_generation_prompt) == (1, 0.0, False)
 
 
 async def test_abort_request_by_id(backend):

@@ -78,20 +78,20 @@ class Penalties:
             return
         rows, exs = rows[on], [ex for ex, o in zip(exs, on) if o]
         idx = torch.from_numpy(rows).to(self.device)
-        self.presence[idx] = _floats([ex.presence for ex in exs], self.device)
-        self.frequency[idx] = _floats([ex.frequency for ex in exs], self.device)
-        self.repetition[idx] = _floats([ex.repetition for ex in exs], self.device)
+        self.presence[idx] = _floats([ex.presence_penalty for ex in exs], self.device)
+        self.frequency[idx] = _floats([ex.frequency_penalty for ex in exs], self.device)
+        self.repetition[idx] = _floats([ex.repetition_penalty for ex in exs], self.device)
         counts = self.table("counts", torch.int32)
         counts[idx] = 0
         out_r, out_t = self._flat(rows, [ex.output_ids for ex in exs])
         counts.index_put_((out_r, out_t), torch.ones_like(out_t, dtype=torch.int32), accumulate=True)
-        offsets = np.array([bool(ex.presence or ex.frequency) for ex in exs])
+        offsets = np.array([bool(ex.presence_penalty or ex.frequency_penalty) for ex in exs])
         if offsets.any():  # NOTE: freq * count + presence * (count > 0), kept up to date per sample
             at = torch.from_numpy(rows[offsets]).to(self.device)
             c = counts[at].float()
             self.table("offset", torch.float32)[at] = (self.frequency[at][:, None] * c
                                                        + self.presence[at][:, None] * (c > 0))
-        repeats = np.array([ex.repetition != 1.0 for ex in exs])
+        repeats = np.array([ex.repetition_penalty != 1.0 for ex in exs])
         if repeats.any():
             self._seen = self._seen or SeenTokens(*self.shape, self.device)
             self._seen.reset(rows[repeats], [ex.prompt_ids + ex.output_ids
@@ -171,7 +171,7 @@ class Penalties:
 
 
 def _counted(ex: SamplingExtras) -> bool:
-    return bool(ex.presence or ex.frequency or ex.repetition != 1.0)
+    return bool(ex.presence_penalty or ex.frequency_penalty or ex.repetition_penalty != 1.0)
 
 
 def _floats(values: list[float], device) -> torch.Tensor:
@@ -194,14 +194,14 @@ def check_extras(new_rows: list[NewRow], vocab_size: int) -> None:
         ex = r.extras
         if ex is None:
             continue
-        values = [ex.presence, ex.frequency, ex.repetition, ex.min_p, *ex.bias_values]
+        values = [ex.presence_penalty, ex.frequency_penalty, ex.repetition_penalty, ex.min_p, *ex.bias_values]
         _check(all(math.isfinite(v) for v in values), "new_rows.extras: values must be finite")
-        _check(ex.repetition > 0 and 0.0 <= ex.min_p <= 1.0, "new_rows.extras: repetition must be > 0, "
+        _check(ex.repetition_penalty > 0 and 0.0 <= ex.min_p <= 1.0, "new_rows.extras: repetition must be > 0, "
                "min_p in [0, 1]")
         _check(ex.min_tokens >= 0 and ex.prompt_len >= 0 and ex.sample_from >= 0,
                "new_rows.extras: min_tokens, prompt_len and sample_from must be >= 0")
         _check(len(ex.bias_ids) == len(ex.bias_values), "new_rows.extras: one bias value per bias id")
-        _check(ex.repetition == 1.0 or bool(ex.prompt_ids or ex.output_ids),
+        _check(ex.repetition_penalty == 1.0 or bool(ex.prompt_ids or ex.output_ids),
                "new_rows.extras: a repetition penalty needs the prompt_ids it covers")
         ids = np.asarray([*ex.bias_ids, *ex.prompt_ids, *ex.output_ids], dtype=np.int64)
         _check(not len(ids) or (int(ids.min()) >= 0 and int(ids.max()) < vocab_size),

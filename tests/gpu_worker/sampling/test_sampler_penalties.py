@@ -158,11 +158,11 @@ def test_no_extras_allocates_nothing():
 @pytest.mark.parametrize("extras, message", [
     (dict(bias_ids=[V], bias_values=[1.0]), "token id out of range"),
     (dict(bias_ids=[1], bias_values=[]), "one bias value per bias id"),
-    (dict(repetition=0.0), "repetition must be > 0"),
+    (dict(repetition_penalty=0.0), "repetition must be > 0"),
     (dict(min_p=1.5), "min_p in [0, 1]"),
-    (dict(presence=math.nan), "finite"),
+    (dict(presence_penalty=math.nan), "finite"),
     (dict(min_tokens=-1), ">= 0"),
-    (dict(repetition=1.5), "needs the prompt_ids"),
+    (dict(repetition_penalty=1.5), "needs the prompt_ids"),
 ])
 def test_bad_extras_are_refused(extras, message):
     from libs.protocol.messages import SamplingExtras
