@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .features import refuse_unsupported
 from .layer_loop import LayerLoop
 from .layers import ROPE_TYPES, rotary
-from .weights import LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
+from .weights import LayerWeights, ModelWeights, fp32_copy_fits, linear, linear_kernel, load_weights, pack_weights
 
 
 class LlamaModel:
@@ -41,7 +41,7 @@ class LlamaModel:
         refuse_unsupported(cfg.raw, self.FEATURES, f"{path} ({cfg.architecture})")
         self.fast_decode_loop = self.FAST_DECODE_LOOP and not any(cfg.sliding_windows)
         self.dtype, self.device = dtype, torch.device(device)
-        self.weights = load_weights(path, cfg, dtype, device, qk_norm=self.QK_NORM)
+        self.weights = self._load_weights(path, cfg, dtype, device)
         # NOTE: packed (oneDNN-blocked) weights are opaque to torch.compile: a compiled
         # step keeps plain ones
         # ``kernel``: the linears' packed form (weights.linear_kernel; ``bf16_weights``: auto's
@@ -57,6 +57,10 @@ class LlamaModel:
         self._qk_width = self._qk_heads * cfg.head_dim
         self.layer_loop = True  # decode steps' layers in one C++ call where they fit (layer_loop.py)
         self._loop: LayerLoop | None = None
+
+    def _load_weights(self, path: Path, cfg: ModelConfig, dtype: torch.dtype, device) -> ModelWeights:
+        """The checkpoint's weights as this family lays them out (a hook: gemma3.py)."""
+        return load_weights(path, cfg, dtype, device, qk_norm=self.QK_NORM)
 
     @torch.inference_mode()
     def forward(

@@ -14,15 +14,14 @@ MODELS = {
     "MistralForCausalLM": "llama:LlamaModel",
     "Qwen2ForCausalLM": "llama:LlamaModel",
     "Qwen3ForCausalLM": "qwen3:Qwen3Model",
+    "Gemma3ForCausalLM": "gemma3:Gemma3Model",
+    "Gemma3ForConditionalGeneration": "gemma3:Gemma3Model",  # NOTE: its text model; images are not served
 }
 
 # NOTE: architectures people serve that are known and not implemented yet: a reason beats a bare "no"
 NOT_YET = {
     "Qwen3MoeForCausalLM": "mixture-of-experts layers (router top-k, expert weights) are not implemented",
     "MixtralForCausalLM": "mixture-of-experts layers (router top-k, expert weights) are not implemented",
-    "Gemma3ForCausalLM": "Gemma 3's layer (scaled embeddings, (1 + w) norms, sandwich norms, GeGLU, "
-                         "local/global layers with their own rope) is not implemented",
-    "Gemma3ForConditionalGeneration": "a multimodal wrapper (text_config): Gemma 3 is not implemented",
     "Gemma2ForCausalLM": "Gemma 2's layer (soft-capping, sandwich norms, GeGLU) is not implemented",
     "Phi3ForCausalLM": "Phi-3's fused qkv / gate_up weights, partial rotary and longrope are not implemented",
     "Mistral3ForConditionalGeneration": "a multimodal wrapper (text_config) is not implemented",

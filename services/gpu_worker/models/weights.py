@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ class LayerWeights:
     down_bias: torch.Tensor | None
     q_norm: torch.Tensor | None = None  # [head_dim]: per-head RMSNorm of q before RoPE (Qwen3)
     k_norm: torch.Tensor | None = None
+    norms: dict[str, torch.Tensor] = field(default_factory=dict)  # a family's other norms, by name (gemma3.py)
 
 
 @dataclass
@@ -45,7 +46,7 @@ class ModelWeights:
 class _Reader:
     """Tensors by name across every *.safetensors file of a directory."""
 
-    def __init__(self, path: Path, dtype: torch.dtype, device) -> None:
+    def __init__(self, path: Path, dtype: torch.dtype, device, ignore: tuple[str, ...] = ()) -> None:
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"{path}: no *.safetensors files")
@@ -55,6 +56,7 @@ class _Reader:
             with safe_open(str(file), framework="pt") as f:
                 self._where.update({name: file for name in f.keys()})
         self._dtype, self._device = dtype, device
+        self._ignore = ignore  # NOTE: name prefixes of parts not served (a multimodal wrapper's vision tower)
 
     def has(self, name: str) -> bool:
         self.read.add(name)
@@ -72,20 +74,29 @@ class _Reader:
 
     def unused(self) -> list[str]:
         """Tensors nobody asked for, but for rotary tables older checkpoints saved (recomputed here)."""
-        return sorted(n for n in self._where if n not in self.read and not n.endswith("rotary_emb.inv_freq"))
+        return sorted(n for n in self._where if n not in self.read and not n.endswith("rotary_emb.inv_freq")
+                      and not n.startswith(self._ignore))
 
 
-def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu", qk_norm: bool = False) -> ModelWeights:
-    """The checkpoint's tensors, fused per layer; ``qk_norm``: the layers' per-head q/k norms too.
-    Raises UnsupportedModel for tensors left unread: weights of a layer this model lacks (a
-    Qwen3 checkpoint relabelled Qwen2 would otherwise answer wrongly)."""
-    r = _Reader(path, dtype, device)
-    embed = r.get("model.embed_tokens.weight")
-    layers = [_load_layer(r, f"model.layers.{i}.", qk_norm) for i in range(cfg.num_layers)]
-    head = r.has("lm_head.weight")  # NOTE: read even when tied (HF ignores a tied model's copy)
+# where a causal LM's tensors are: (the text model's prefix, the LM head's name)
+CAUSAL_LM = (("model.", "lm_head.weight"),)
+
+
+def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu", qk_norm: bool = False,
+                 layouts=CAUSAL_LM, layer_norms: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> ModelWeights:
+    """The checkpoint's tensors, fused per layer; ``qk_norm``: the layers' per-head q/k norms too;
+    ``layer_norms``: a layer's other norms (``LayerWeights.norms``); ``layouts``: where the text
+    model may sit, the first whose embedding the checkpoint holds; ``ignore``: name prefixes of
+    parts not served. Raises UnsupportedModel for tensors left unread: weights of a layer this
+    model lacks (a Qwen3 checkpoint relabelled Qwen2 would otherwise answer wrongly)."""
+    r = _Reader(path, dtype, device, ignore)
+    prefix, head_name = next((p, h) for p, h in layouts if r.has(p + "embed_tokens.weight") or (p, h) == layouts[-1])
+    embed = r.get(prefix + "embed_tokens.weight")
+    layers = [_load_layer(r, f"{prefix}layers.{i}.", qk_norm, layer_norms) for i in range(cfg.num_layers)]
+    head = r.has(head_name)  # NOTE: read even when tied (HF ignores a tied model's copy)
     tied = cfg.tie_word_embeddings or not head
-    lm_head = embed if tied else r.get("lm_head.weight")
-    weights = ModelWeights(embed, layers, r.get("model.norm.weight"), lm_head)
+    lm_head = embed if tied else r.get(head_name)
+    weights = ModelWeights(embed, layers, r.get(prefix + "norm.weight"), lm_head)
     if unused := r.unused():
         listed = ", ".join(unused[:4]) + (f", ... ({len(unused)} in all)" if len(unused) > 4 else "")
         raise UnsupportedModel(f"{path}: the checkpoint holds tensors the {cfg.architecture} model does not use, "
@@ -93,7 +104,7 @@ def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu",
     return weights
 
 
-def _load_layer(r: _Reader, p: str, qk_norm: bool) -> LayerWeights:
+def _load_layer(r: _Reader, p: str, qk_norm: bool, norms: tuple[str, ...] = ()) -> LayerWeights:
     attn, mlp = p + "self_attn.", p + "mlp."
     return LayerWeights(
         input_norm=r.get(p + "input_layernorm.weight"),
@@ -108,6 +119,7 @@ def _load_layer(r: _Reader, p: str, qk_norm: bool) -> LayerWeights:
         down_bias=r.maybe(mlp + "down_proj.bias"),
         q_norm=r.get(attn + "q_norm.weight") if qk_norm else None,
         k_norm=r.get(attn + "k_norm.weight") if qk_norm else None,
+        norms={name: r.get(p + name + ".weight") for name in norms},
     )
 
 
