@@ -1,5 +1,5 @@
 """Architectures beside the default model through the real stack (`--model DIR --dtype float32`):
-tiny random Qwen3 and Mistral (a 16-token sliding window that binds, on the torch backend)
+tiny random Qwen3, Mistral (a 16-token sliding window that binds, on the torch backend) and Gemma 3
 checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF generate: one at a time,
 again from the prefix cache, all at once, in 8-token prefill chunks."""
 
@@ -24,6 +24,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 FAMILIES = {  # name -> (architecture, config overrides, the worker's extra flags)
     "qwen3": ("qwen3", {}, []),
     "mistral-window": ("mistral", {"sliding_window": 16}, ["--attention-backend", "torch"]),
+    "gemma3": ("gemma3", {}, []),  # NOTE: its local layer's window (4096) covers the context: the C++ backend
 }
 
 
