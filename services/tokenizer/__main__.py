@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     add_common_args(p, "tokenizer")
     add_metrics_args(p, "tokenizer")
     p.add_argument("--model", default=env("RADIXMESH_MODEL", "default"),
-                   help='"default" or a local HF model directory')
+                   help='"default", "gemma3-270m" or a local HF model directory')
     p.add_argument("--max-model-len", type=int, default=_env("--max-model-len", None, int),
                    help="context length (default: config.json max_position_embeddings)")
     p.add_argument("--detok-idle-timeout", type=float, default=_env("--detok-idle-timeout", 600.0, float),

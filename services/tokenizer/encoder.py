@@ -43,6 +43,10 @@ class Encoder:
         config = json.loads((Path(model_dir) / "config.json").read_text())
         config = config.get("text_config", config)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if not tokenizer.chat_template and str(config.get("model_type", "")).startswith("gemma3"):
+            from libs.models import GEMMA_CHAT_TEMPLATE
+
+            tokenizer.chat_template = GEMMA_CHAT_TEMPLATE  # NOTE: a GGUF's Gemma tokenizer carries none
         limit = max_model_len or config.get("max_position_embeddings")
         if not limit:
             raise ValueError(f"{model_dir}/config.json has no max_position_embeddings")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,14 +38,18 @@ class EncodePool:
     """Runs :meth:`Encoder.encode` off the event loop, one tokenizer copy per thread."""
 
     def __init__(self, encoder: Encoder, threads: int) -> None:
-        self._base = encoder
         self._local = threading.local()
         self._executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="encode")
+        # NOTE: every thread's copy made here, at start: a 262,144-token tokenizer (Gemma 3) takes
+        # ~20 s to copy on a busy machine, past the gateway's 10 s wait for a first request
+        self._spare: queue.SimpleQueue[Encoder] = queue.SimpleQueue()
+        for _ in range(max(1, threads)):
+            self._spare.put(encoder.copy())
 
     def _encoder(self) -> Encoder:
         enc = getattr(self._local, "encoder", None)
         if enc is None:
-            enc = self._local.encoder = self._base.copy()
+            enc = self._local.encoder = self._spare.get_nowait()
         return enc
 
     async def encode(self, req: EncodeRequest) -> Encoded:

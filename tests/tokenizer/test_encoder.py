@@ -99,3 +99,21 @@ def test_override_context_length(model_dir):
     small = Encoder.load(model_dir, max_model_len=16)
     assert small.encode(req(text="hello")).max_new_tokens == 16 - 1
     assert error_of(small, req(text="hello " * 20)).code == "context_length_exceeded"
+
+
+def test_a_gemma3_tokenizer_without_a_template_gets_gemmas_turn_format(tmp_path, model_dir):
+    """A GGUF's Gemma tokenizer carries no chat template: Gemma's turn format is supplied."""
+    import json
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, tmp_path / name)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3_text", "max_position_embeddings": 512,
+                                                      "vocab_size": 49152}))
+    encoder = Encoder.load(tmp_path)
+    messages = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Hi"),
+                ChatMessage(role="assistant", content="Hello"), ChatMessage(role="user", content="Bye")]
+    ids = encoder.encode(req(messages=messages)).input_ids
+    assert encoder.tokenizer.decode(ids).endswith(
+        "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+        "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")

@@ -35,6 +35,7 @@ import torch
 from libs.kernels import AttentionBackend, AttentionMetadata
 from libs.kernels import ops as torch_ops
 
+from .features import UnsupportedModel
 from .llama import LlamaModel
 
 log = logging.getLogger("gpu_worker")
@@ -80,6 +81,8 @@ class CompiledStep:
 
         import torch._dynamo
 
+        if not getattr(model, "COMPILED_STEP", True):
+            raise UnsupportedModel(f"--compile: the compiled pieces are the Llama layer, not {model.config.architecture}'s")
         cache_dir()
         self.model, self.attn = model, attn
         self.sizes = sorted(set(int(n) for n in sizes))

@@ -36,8 +36,10 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: Path) -> "ModelConfig":
-        cfg = json.loads((path / "config.json").read_text())
-        arch = architecture(cfg, str(path))
+        raw = json.loads((path / "config.json").read_text())
+        arch = architecture(raw, str(path))
+        # NOTE: a multimodal wrapper serves its text model (its own fields where the text model's lack them)
+        cfg = {**raw, **raw["text_config"]} if isinstance(raw.get("text_config"), dict) else raw
         heads = cfg["num_attention_heads"]
         rope = rope_params(cfg)
         return cls(
@@ -54,16 +56,16 @@ class ModelConfig:
             rope_scaling=rope if rope_type(cfg) != "default" else None,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            eos_token_ids=_eos_ids(path, cfg),
+            eos_token_ids=_eos_ids(path, raw),
             sliding_windows=sliding_windows(cfg),
-            raw=cfg,
+            raw=raw,
         )
 
 
 def _eos_ids(path: Path, cfg: dict) -> tuple[int, ...]:
     """Union of config.json's and generation_config.json's ``eos_token_id`` (int or list)."""
     found: set[int] = set()
-    sources = [cfg]
+    sources = [cfg, cfg.get("text_config") or {}]
     gen = path / "generation_config.json"
     if gen.is_file():
         sources.append(json.loads(gen.read_text()))

@@ -17,8 +17,8 @@ from .config import ModelConfig
 from .features import refuse_unsupported
 from .layer_loop import LayerLoop
 from .layers import ROPE_TYPES, rotary
-from .weights import (FIXED, SPLIT_NAMES, LayerWeights, fp32_copy_fits, linear, linear_kernel, load_weights,
-                      pack_weights)
+from .weights import (FIXED, SPLIT_NAMES, LayerWeights, ModelWeights, fp32_copy_fits, linear, linear_kernel,
+                      load_weights, pack_weights)
 
 
 class LlamaModel:
@@ -44,8 +44,7 @@ class LlamaModel:
         refuse_unsupported(cfg.raw, self.FEATURES, f"{path} ({cfg.architecture})")
         self.fast_decode_loop = self.FAST_DECODE_LOOP and not any(cfg.sliding_windows)
         self.dtype, self.device = dtype, torch.device(device)
-        self.weights = load_weights(path, cfg, dtype, device, qk_norm=self.QK_NORM, names=self.WEIGHT_NAMES,
-                                    experts=self.read_experts)
+        self.weights = self._load_weights(path, cfg, dtype, device)
         # NOTE: packed (oneDNN-blocked) weights are opaque to torch.compile: a compiled
         # step keeps plain ones
         # ``kernel``: the linears' packed form (weights.linear_kernel; ``bf16_weights``: auto's
@@ -64,6 +63,11 @@ class LlamaModel:
         self._qk_width = self._qk_heads * cfg.head_dim
         self.layer_loop = True  # decode steps' layers in one C++ call where they fit (layer_loop.py)
         self._loop: LayerLoop | None = None
+
+    def _load_weights(self, path: Path, cfg: ModelConfig, dtype: torch.dtype, device) -> ModelWeights:
+        """The checkpoint's weights as this family lays them out (a hook: gemma3.py)."""
+        return load_weights(path, cfg, dtype, device, qk_norm=self.QK_NORM, names=self.WEIGHT_NAMES,
+                            experts=self.read_experts)
 
     def read_experts(self, reader, layer: int):
         """Layer ``layer``'s mixture-of-experts weights from the checkpoint's ``reader`` (moe.py); None: a dense MLP."""

@@ -17,13 +17,12 @@ MODELS = {
     "Phi3ForCausalLM": "phi3:Phi3Model",
     "Qwen3MoeForCausalLM": "moe:Qwen3MoeModel",
     "MixtralForCausalLM": "moe:MixtralModel",
+    "Gemma3ForCausalLM": "gemma3:Gemma3Model",
+    "Gemma3ForConditionalGeneration": "gemma3:Gemma3Model",  # NOTE: its text model; images are not served
 }
 
 # NOTE: architectures people serve that are known and not implemented yet: a reason beats a bare "no"
 NOT_YET = {
-    "Gemma3ForCausalLM": "Gemma 3's layer (scaled embeddings, (1 + w) norms, sandwich norms, GeGLU, "
-                         "local/global layers with their own rope) is not implemented",
-    "Gemma3ForConditionalGeneration": "a multimodal wrapper (text_config): Gemma 3 is not implemented",
     "Gemma2ForCausalLM": "Gemma 2's layer (soft-capping, sandwich norms, GeGLU) is not implemented",
     "Mistral3ForConditionalGeneration": "a multimodal wrapper (text_config) is not implemented",
 }

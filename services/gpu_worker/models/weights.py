@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ class LayerWeights:
     experts: object | None = None  # a sparse layer's router and experts (moe_layer.Experts), in the dense MLP's place
     q_norm: torch.Tensor | None = None  # [head_dim]: per-head RMSNorm of q before RoPE (Qwen3)
     k_norm: torch.Tensor | None = None
+    norms: dict[str, torch.Tensor] = field(default_factory=dict)  # a family's other norms, by name (gemma3.py)
 
 
 @dataclass
@@ -46,7 +47,7 @@ class ModelWeights:
 class _Reader:
     """Tensors by name across every *.safetensors file of a directory."""
 
-    def __init__(self, path: Path, dtype: torch.dtype, device) -> None:
+    def __init__(self, path: Path, dtype: torch.dtype, device, ignore: tuple[str, ...] = ()) -> None:
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"{path}: no *.safetensors files")
@@ -56,6 +57,7 @@ class _Reader:
             with safe_open(str(file), framework="pt") as f:
                 self._where.update({name: file for name in f.keys()})
         self._dtype, self._device = dtype, device
+        self._ignore = ignore  # NOTE: name prefixes of parts not served (a multimodal wrapper's vision tower)
 
     def has(self, name: str) -> bool:
         self.read.add(name)
@@ -73,7 +75,8 @@ class _Reader:
 
     def unused(self) -> list[str]:
         """Tensors nobody asked for, but for rotary tables older checkpoints saved (recomputed here)."""
-        return sorted(n for n in self._where if n not in self.read and not n.endswith("rotary_emb.inv_freq"))
+        return sorted(n for n in self._where if n not in self.read and not n.endswith("rotary_emb.inv_freq")
+                      and not n.startswith(self._ignore))
 
 
 # the checkpoint's names of each fused tensor's parts, in their order (HF Llama's split ones, or
@@ -83,21 +86,29 @@ SPLIT_NAMES = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj
 FUSED_NAMES = {"qkv": ("self_attn.qkv_proj",), "gate_up": ("mlp.gate_up_proj",)}
 
 
+# where a causal LM's tensors are: (the text model's prefix, the LM head's name)
+CAUSAL_LM = (("model.", "lm_head.weight"),)
+
+
 def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu", qk_norm: bool = False,
-                 names: dict[str, tuple[str, ...]] = SPLIT_NAMES, experts=None) -> ModelWeights:
+                 names: dict[str, tuple[str, ...]] = SPLIT_NAMES, experts=None, layouts=CAUSAL_LM,
+                 layer_norms: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> ModelWeights:
     """The checkpoint's tensors, fused per layer; ``qk_norm``: the layers' per-head q/k norms too;
     ``names``: the checkpoint's parts of each fused tensor (SPLIT_NAMES or FUSED_NAMES);
-    ``experts(reader, layer)``: a layer's mixture-of-experts weights, None where it is dense (moe.py).
-    Raises UnsupportedModel for tensors left unread: weights of a layer this model lacks (a
-    Qwen3 checkpoint relabelled Qwen2 would otherwise answer wrongly)."""
-    r = _Reader(path, dtype, device)
-    embed = r.get("model.embed_tokens.weight")
-    layers = [_load_layer(r, f"model.layers.{i}.", qk_norm, names, experts and experts(r, i))
+    ``experts(reader, layer)``: a layer's mixture-of-experts weights, None where it is dense (moe.py);
+    ``layer_norms``: a layer's other norms (``LayerWeights.norms``); ``layouts``: where the text
+    model may sit, the first whose embedding the checkpoint holds; ``ignore``: name prefixes of
+    parts not served. Raises UnsupportedModel for tensors left unread: weights of a layer this
+    model lacks (a Qwen3 checkpoint relabelled Qwen2 would otherwise answer wrongly)."""
+    r = _Reader(path, dtype, device, ignore)
+    prefix, head_name = next((p, h) for p, h in layouts if r.has(p + "embed_tokens.weight") or (p, h) == layouts[-1])
+    embed = r.get(prefix + "embed_tokens.weight")
+    layers = [_load_layer(r, f"{prefix}layers.{i}.", qk_norm, names, experts and experts(r, i), layer_norms)
               for i in range(cfg.num_layers)]
-    head = r.has("lm_head.weight")  # NOTE: read even when tied (HF ignores a tied model's copy)
+    head = r.has(head_name)  # NOTE: read even when tied (HF ignores a tied model's copy)
     tied = cfg.tie_word_embeddings or not head
-    lm_head = embed if tied else r.get("lm_head.weight")
-    weights = ModelWeights(embed, layers, r.get("model.norm.weight"), lm_head)
+    lm_head = embed if tied else r.get(head_name)
+    weights = ModelWeights(embed, layers, r.get(prefix + "norm.weight"), lm_head)
     if unused := r.unused():
         listed = ", ".join(unused[:4]) + (f", ... ({len(unused)} in all)" if len(unused) > 4 else "")
         raise UnsupportedModel(f"{path}: the checkpoint holds tensors the {cfg.architecture} model does not use, "
@@ -105,7 +116,8 @@ def load_weights(path: Path, cfg: ModelConfig, dtype: torch.dtype, device="cpu",
     return weights
 
 
-def _load_layer(r: _Reader, p: str, qk_norm: bool, names: dict[str, tuple[str, ...]], experts=None) -> LayerWeights:
+def _load_layer(r: _Reader, p: str, qk_norm: bool, names: dict[str, tuple[str, ...]], experts=None,
+                norms: tuple[str, ...] = ()) -> LayerWeights:
     attn = p + "self_attn."
     qkv = [p + n for n in names["qkv"]]
     return LayerWeights(
@@ -118,6 +130,7 @@ def _load_layer(r: _Reader, p: str, qk_norm: bool, names: dict[str, tuple[str, .
         q_norm=r.get(attn + "q_norm.weight") if qk_norm else None,
         k_norm=r.get(attn + "k_norm.weight") if qk_norm else None,
         **(_dense_mlp(r, p, names["gate_up"]) if experts is None else {"experts": experts}),
+        norms={name: r.get(p + name + ".weight") for name in norms},
     )
 
 

@@ -44,6 +44,11 @@ ARCHS = {
                                                            "moe_intermediate_size": 48, "norm_topk_prob": True}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
                                                        "intermediate_size": 64, "sliding_window": None}),
+    # NOTE: a softmax scale of its own (query_pre_attn_scalar != head_dim), both layer kinds, tied;
+    # no eos (HF's generate would stop at Gemma's 1, our runs do not)
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "head_dim": 16, "query_pre_attn_scalar": 24, "layer_types": ["sliding_attention", "full_attention"],
+        "tie_word_embeddings": True, "eos_token_id": None}),
 }
 
 
@@ -61,6 +66,18 @@ def write(arch: str, path, seed: int = 0, **overrides):
     torch.manual_seed(seed)
     model = getattr(transformers, ARCHS[arch][1])(hf_config(arch, **overrides))
     return save_random(model, path, seed)
+
+
+def write_gemma3_wrapper(path, seed: int = 0, **overrides):
+    """A random ``Gemma3ForConditionalGeneration`` (a tiny vision tower beside the gemma3 text model)."""
+    import transformers
+
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = transformers.Gemma3Config(text_config=hf_config("gemma3", **overrides).to_dict(), vision_config=vision,
+                                       mm_tokens_per_image=4)
+    torch.manual_seed(seed)
+    return save_random(transformers.Gemma3ForConditionalGeneration(config), path, seed)
 
 
 def save_random(model, path, seed: int = 0):

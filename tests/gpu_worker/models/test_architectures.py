@@ -10,7 +10,7 @@ import torch
 
 from services.gpu_worker import ModelRunner, RunnerConfig
 
-from .checkpoints import write
+from .checkpoints import write, write_gemma3_wrapper
 from .greedy import Slots, generate, hf_greedy
 from .test_rope import ROPES
 
@@ -29,6 +29,11 @@ CASES = {  # name -> (architecture, config overrides)
     "mixtral": ("mixtral", {}),
     "mistral-window": ("mistral", {"sliding_window": 16}),
     "qwen2-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}),
+    "gemma3": ("gemma3", {}),
+    # NOTE: a local layer's 16-token window and rope base beside a global layer's linear-scaled rope; soft-capped logits
+    "gemma3-window": ("gemma3", {"sliding_window": 16, "final_logit_softcapping": 3.0, "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}}),
     **{f"llama-rope-{k}": ("llama", {"rope_parameters": {**v, "rope_theta": 1e4}})
        for k, v in ROPES.items() if k != "default"},
 }
@@ -81,3 +86,14 @@ def test_greedy_matches_hf_cold_chunked_and_from_the_prefix_cache(case):
     cached = [h[: len(p) - 3] for h, p in zip(held, prompts)]  # the prompts' KV but the last 3 tokens
     warm, _ = generate(runner, prompts, N, slots, cached=cached)
     assert warm == refs
+
+
+def test_gemma3_multimodal_wrapper_serves_its_text_model(tmp_path):
+    """Gemma3ForConditionalGeneration: text_config, the text weights under its language_model
+    prefix, the vision tower's left unread; greedy identical to the HF wrapper's on text."""
+    hf = write_gemma3_wrapper(tmp_path)
+    refs = [hf_greedy(hf, p, N) for p in _prompts()]
+    assert min(gap for _, gap in refs) > 1e-4
+    runner = ModelRunner(RunnerConfig(model=str(tmp_path), kv_slots=1024, max_requests=4, dtype="float32"))
+    assert runner.model.config.architecture == "Gemma3ForConditionalGeneration"
+    assert generate(runner, _prompts(), N, Slots(1024))[0] == [tokens for tokens, _ in refs]

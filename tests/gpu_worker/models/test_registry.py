@@ -14,7 +14,7 @@ from .checkpoints import ARCHS, edit_config, write, write_config
 
 def test_every_architecture_names_a_model_class():
     assert {model_class(a).__name__ for a in MODELS} == {"LlamaModel", "Qwen3Model", "Phi3Model", "Qwen3MoeModel",
-                                                         "MixtralModel"}
+                                                         "MixtralModel", "Gemma3Model"}
     assert {ARCHS[a][1] for a in ARCHS} <= set(MODELS)
 
 
@@ -25,6 +25,12 @@ REFUSED = [  # (architecture, config overrides, words the error must hold)
     ("llama", dict(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4}),
      "rope_parameters.rope_type='proportional'"),
     ("qwen3_moe", dict(shared_expert_intermediate_size=64), "shared_expert_intermediate_size=64 (moe:shared_experts)"),
+    ("gemma3", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0"),
+    ("gemma3", dict(use_bidirectional_attention=True), "use_bidirectional_attention=True"),
+    ("gemma3", dict(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                     "full_attention": {"rope_type": "longrope", "rope_theta": 1e6, "short_factor": [1.0] * 8,
+                                                        "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}}),
+     "rope_parameters.full_attention.rope_type='longrope'"),
 ]
 
 
@@ -56,7 +62,7 @@ def test_edited_configs_are_refused_with_the_field(tmp_path, edit, words):
     assert words in str(err.value)
 
 
-@pytest.mark.parametrize("arch,reason", [("Gemma3ForCausalLM", "Gemma 3"), ("Mistral3ForConditionalGeneration", "multimodal"),
+@pytest.mark.parametrize("arch,reason", [("Gemma2ForCausalLM", "Gemma 2"), ("Mistral3ForConditionalGeneration", "multimodal"),
                                          ("GPT2LMHeadModel", "unknown")])
 def test_architectures_not_served_are_refused_with_a_reason(tmp_path, arch, reason):
     write_config("llama", tmp_path)
@@ -73,7 +79,7 @@ def test_windows_that_never_bind_are_served(tmp_path, overrides):
     assert not any(load_model(tmp_path).config.sliding_windows)
 
 
-@pytest.mark.parametrize("arch,overrides", [("mistral", dict(sliding_window=32)),
+@pytest.mark.parametrize("arch,overrides", [("mistral", dict(sliding_window=32)), ("gemma3", dict(sliding_window=32)),
                                             ("qwen2", dict(use_sliding_window=True, sliding_window=32, max_window_layers=1))])
 def test_a_window_that_binds_is_refused_on_backends_without_windows(tmp_path, arch, overrides):
     """cpu_v1 (the benchmarks' baseline) has no windows; every backend a worker picks has."""
@@ -85,7 +91,7 @@ def test_a_window_that_binds_is_refused_on_backends_without_windows(tmp_path, ar
     assert not any(runner.attn.windows)
     for backend in ("cpu", "torch"):
         windowed = ModelRunner(RunnerConfig(**{**config, "attention_backend": backend}))
-        assert windowed.attn.windows == ((32, 32) if arch == "mistral" else (None, 32))
+        assert windowed.attn.windows == {"mistral": (32, 32), "qwen2": (None, 32), "gemma3": (32, None)}[arch]
         assert not windowed.model.fast_decode_loop  # NOTE: the C++ decode loop has no window
 
 
@@ -102,3 +108,27 @@ def test_a_long_context_model_sizes_its_tables_by_the_pool(tmp_path):
     runner = ModelRunner(RunnerConfig(model=str(tmp_path), kv_slots=512, max_requests=4, dtype="float32"))
     assert runner.max_model_len == 512 and runner.table.shape == (4, 512)
     assert runner.model.rotary.cos.shape[0] == 512
+
+
+def test_gemma3_with_compile_is_refused(tmp_path):
+    """The compiled pieces are the Llama layer: Gemma 3 would be served wrong through them."""
+    write("gemma3", tmp_path)
+    with pytest.raises(UnsupportedModel, match="--compile.*Gemma3ForCausalLM"):
+        ModelRunner(RunnerConfig(model=str(tmp_path), kv_slots=256, max_requests=2, dtype="float32", compile=True))
+
+
+def test_legacy_gemma3_config_lays_out_its_layers(tmp_path):
+    """transformers 4's layout (``sliding_window_pattern``, ``rope_local_base_freq``, ``rope_scaling``
+    on the global layers) read as transformers 5 reads it."""
+    from services.gpu_worker.models.gemma3 import GLOBAL, LOCAL, layer_rope, layer_types
+
+    import transformers
+
+    legacy = dict(num_hidden_layers=7, sliding_window_pattern=3, rope_theta=5e5, rope_local_base_freq=2e4,
+                  rope_scaling={"rope_type": "linear", "factor": 8.0})
+    hf = transformers.Gemma3TextConfig(**legacy)
+    assert layer_types(legacy) == hf.layer_types == [LOCAL, LOCAL, GLOBAL, LOCAL, LOCAL, GLOBAL, LOCAL]
+    for kind in (LOCAL, GLOBAL):
+        theta, scaling = layer_rope(legacy, kind)
+        assert theta == hf.rope_parameters[kind]["rope_theta"]
+        assert (scaling or {}).get("factor") == hf.rope_parameters[kind].get("factor")
