@@ -117,6 +117,8 @@ async def measure(stack: LocalStack, model: str, args: argparse.Namespace) -> di
                 out[b].append(long.minus(short).less_idle(idle) if idle else long.minus(short))
         args.idle = idle
         return out
+    finally:
+        await bus.close()
 
 
 async def quiet(probe: Probe, seconds: float) -> Reading | None:
@@ -126,8 +128,6 @@ async def quiet(probe: Probe, seconds: float) -> Reading | None:
     before = await probe.read()
     await asyncio.sleep(seconds)
     return (await probe.read()).minus(before)
-    finally:
-        await bus.close()
 
 
 async def _workers(bus: Bus, subjects: Subjects, stack: LocalStack) -> list[str]:
