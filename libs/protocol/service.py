@@ -146,9 +146,9 @@ def freeze_startup_objects() -> None:
     """Move everything alive after start-up (modules, the model's Python objects, a
     tokenizer's tables) out of the cyclic collector's reach, as vLLM and SGLang do.
 
-    NOTE: a full collection walks every tracked object: 190k in the scheduler, which
-    imports torch (~50 ms each on a quiet core), and the per-step deltas and requests that
-    outlive a young collection keep triggering them. Frozen, a collection walks only what
-    came after; garbage cycles among start-up objects are never freed (there are few)."""
+    NOTE: a full collection walks every tracked object (all of torch's in a process that
+    imports it), and the per-step deltas and requests that outlive a young collection keep
+    triggering full ones (docs/benchmarks.md, the mesh). Frozen, a collection walks only
+    what came after; garbage cycles among start-up objects are never freed (there are few)."""
     gc.collect()
     gc.freeze()
