@@ -1,7 +1,6 @@
 """What the mesh costs per decode step and per token, with the worker's forward out of the way.
 
-    python -m radixmesh.benchmarks.mesh [--batches 1 64 256] [--steps 256] [--variant colocated|pd|two-workers]
-                                        [--gateways N] [--tokenizers N]
+    python -m radixmesh.benchmarks.mesh [--batches 1 64 256] [--steps 256] [--gateways N] [--tokenizers N]
 
 The real stack (``radixmesh up``'s launcher, a real nats-server) serves a tiny random Llama
 this module writes (tiny_model.py: 1 layer, hidden 64, the default model's tokenizer and
@@ -41,8 +40,6 @@ from .proc_cpu import cpu_seconds
 from .sse_client import drain_post
 from .tiny_model import write_tiny_llama
 
-VARIANTS = {"colocated": dict(workers=1), "two-workers": dict(workers=2),
-            "pd": dict(workers=0, prefill_workers=1, decode_workers=1)}
 SETTLE_S = 0.3  # after the last stream ends: the finishes' bookkeeping (KV events, releases)
 
 
@@ -148,7 +145,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=256, help="decode steps of the long run")
     p.add_argument("--short-steps", type=int, default=64, help="decode steps of the short run (subtracted)")
     p.add_argument("--prompt-tokens", type=int, default=16)
-    p.add_argument("--variant", choices=sorted(VARIANTS), default="colocated")
     p.add_argument("--gateways", type=int, default=1)
     p.add_argument("--tokenizers", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="threads per worker")
@@ -166,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         slots = max(16384, biggest * (args.prompt_tokens + args.steps) * 2)
         config = ephemeral_stack_config(
             args.keep_logs or Path(tmp) / "logs", model=str(model_dir), threads_per_worker=args.threads,
-            kv_slots=slots, gateways=args.gateways, tokenizers=args.tokenizers, **VARIANTS[args.variant],
+            kv_slots=slots, gateways=args.gateways, tokenizers=args.tokenizers,
             extra={"scheduler": ["--chunked-prefill-size", str(max(2048, biggest * args.prompt_tokens))]})
         with LocalStack(config, progress=lambda m: None) as stack:
             results = event_loop.run(measure(stack, served_name(str(model_dir)), args))

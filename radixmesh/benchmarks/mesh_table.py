@@ -39,7 +39,7 @@ def per_service(readings: list, batch: int, per: str) -> dict[str, float]:
 
 def print_tables(results: dict[int, list], args: argparse.Namespace) -> None:
     cores = os.cpu_count() or 1
-    print(f"\nmesh CPU, tiny Llama (1 layer, hidden 64), variant {args.variant}, {args.gateways} gateway(s), "
+    print(f"\nmesh CPU, tiny Llama (1 layer, hidden 64), one worker, {args.gateways} gateway(s), "
           f"{args.tokenizers} tokenizer(s), {cores} cores; steady decode = {args.steps}-step run minus "
           f"{args.short_steps}-step run, median of {args.rounds}")
     idle = getattr(args, "idle", None)

@@ -34,7 +34,7 @@ def test_a_long_run_less_a_short_run_less_idle_cpu():
 
 
 def test_the_tables_print_every_batch_and_the_siblings(capsys):
-    args = argparse.Namespace(variant="colocated", gateways=2, tokenizers=1, steps=256, short_steps=64,
+    args = argparse.Namespace(gateways=2, tokenizers=1, steps=256, short_steps=64,
                               rounds=1, idle=None)
     print_tables({1: [_reading(2.0, 0.2, 0.2, 200)], 64: [_reading(4.0, 2.0, 2.2, 64 * 200)]}, args)
     out = capsys.readouterr().out
