@@ -101,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="port of the nats-server it starts (0: a free one); unused with NATS_URL")
     up.add_argument("--nats-host", default="127.0.0.1",
                     help="where that nats-server listens (0.0.0.0: workers on other hosts can join)")
-    up.add_argument("--gateways", type=int, default=1, metavar="N",
-                    help="gateway processes, all on --port (SO_REUSEPORT: the kernel spreads connections)")
-    up.add_argument("--tokenizers", type=int, default=1, metavar="N", help="tokenizer processes")
+    up.add_argument("--gateways", type=int, default=0, metavar="N",
+                    help="gateway processes, all on --port (SO_REUSEPORT: the kernel spreads connections; "
+                         "0: one per 8 cores, at least one, at most 8)")
+    up.add_argument("--tokenizers", type=int, default=0, metavar="N",
+                    help="tokenizer processes (0: one per 8 cores, at least one, at most 8)")
     up.add_argument("--schedulers", type=int, default=0, metavar="N",
                     help="scheduler processes, each driving the workers it adopts (those on its host "
                          "first); a dead one's workers move to another (0: two where there are two "

@@ -85,8 +85,8 @@ class StackConfig:
     nats_port: int = 0  # the port of the nats-server the stack starts (0: a free one)
     nats_host: str = "127.0.0.1"  # where that nats-server listens
     nats_cluster: int = 1  # nodes of the NATS cluster the stack starts (1: a single server)
-    gateways: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
-    tokenizers: int = 1  # tokenizer processes (one queue group)
+    gateways: int = 1  # gateway processes sharing the port (SO_REUSEPORT); 0: per_cores()
+    tokenizers: int = 1  # tokenizer processes (one queue group); 0: per_cores()
     schedulers: int = 0  # scheduler processes (each adopts idle workers); 0: two where there are two workers or more
     index_replicas: int = 1  # cache_index processes: active replicas, routes answered by one
     subject_prefix: str = "rm"
@@ -233,7 +233,7 @@ class LocalStack:
         for i in range(max(1, cfg.index_replicas)):
             self._spawn("cache_index", ["--instance", f"cache_index-{i}-{uuid.uuid4().hex[:6]}"],
                         log_name=_nth("cache_index", i))
-        for i in range(max(1, cfg.tokenizers)):
+        for i in range(cfg.tokenizers or per_cores()):
             self._spawn("tokenizer", ["--model", model], log_name=_nth("tokenizer", i))
         for i in range(cfg.schedulers or min(2, len(roles)) or 1):
             # NOTE: a fixed instance id: a restarted scheduler re-adopts its workers at once
@@ -247,8 +247,9 @@ class LocalStack:
                 "--announce-interval", str(WORKER_ANNOUNCE_S),
                 *(["--role", role] if role != "both" else []), *self._store_args,
             ], log_name=f"gpu_worker-{i}")
-        shared = ["--reuse-port"] if cfg.gateways > 1 else []
-        for i in range(max(1, cfg.gateways)):
+        gateways = cfg.gateways or per_cores()
+        shared = ["--reuse-port"] if gateways > 1 else []
+        for i in range(gateways):
             self._spawn("gateway", ["--model", model, "--host", cfg.host, "--port", str(cfg.port), *shared],
                         log_name=_nth("gateway", i))
 
@@ -511,6 +512,20 @@ def _json(data: bytes) -> dict:
         return value if isinstance(value, dict) else {}
     except ValueError:
         return {}
+
+
+CORES_PER_FRONT_PROCESS = 8
+
+
+def per_cores(cores: int | None = None) -> int:
+    """Gateways (or tokenizers) for a machine of ``cores`` cores: one per 8, 1 to 8.
+
+    NOTE: each costs CPU per streamed token (docs/benchmarks.md, the mesh) that a worker on
+    the same cores loses, and one serves far more tokens per second than a small machine's
+    workers produce; where cores abound the work splits evenly over several (the kernel
+    spreads connections, the queue group encodes)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(8, cores // CORES_PER_FRONT_PROCESS))
 
 
 def _nth(service: str, i: int) -> str:

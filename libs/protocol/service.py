@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -132,9 +133,22 @@ async def run_service(service: str, config: CommonConfig, body: Body) -> None:
             )
 
         await body(ctx)
+        freeze_startup_objects()
         await bus.subscribe(config.subjects.ping(service), on_ping, Ping)
         # NOTE: a service that still loads its state says so in its Pong (ready "false")
         state = "up, loading its state" if ctx.detail.get("ready") == "false" else "ready"
         logging.getLogger(service).info("%s %s %s", service, config.instance, state)
         await stop.wait()
         logging.getLogger(service).info("%s %s stopping", service, config.instance)
+
+
+def freeze_startup_objects() -> None:
+    """Move everything alive after start-up (modules, the model's Python objects, a
+    tokenizer's tables) out of the cyclic collector's reach, as vLLM and SGLang do.
+
+    NOTE: a full collection walks every tracked object (all of torch's in a process that
+    imports it), and the per-step deltas and requests that outlive a young collection keep
+    triggering full ones (docs/benchmarks.md, the mesh). Frozen, a collection walks only
+    what came after; garbage cycles among start-up objects are never freed (there are few)."""
+    gc.collect()
+    gc.freeze()

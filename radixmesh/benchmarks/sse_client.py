@@ -120,3 +120,40 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, byt
         if sep:
             headers[name.strip().lower()] = value.strip().lower()
     return status, headers
+
+
+@dataclass
+class Drained:
+    first: float  # perf_counter() when the first bytes of the body arrived
+    end: float  # when the server closed the connection (the stream's end)
+    nbytes: int  # the body's bytes, framing included
+
+
+async def drain_post(url: str, path: str, body: dict, timeout: float = 600.0) -> Drained:
+    """POST ``body`` and read the streamed answer to its end without parsing it: the
+    leanest client there is (one ``read`` per arrival, no de-framing), for benchmarks
+    that count the server's CPU and take the tokens from its own counters. The request
+    asks ``connection: close``, so the end of the body is the end of the connection."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    payload = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n")
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(head.encode() + payload)
+        return await asyncio.wait_for(_drain(reader), timeout)
+    finally:
+        writer.close()
+
+
+async def _drain(reader: asyncio.StreamReader) -> Drained:
+    status, _ = await _read_head(reader)
+    first = time.perf_counter()
+    if status != 200:
+        rest = await reader.read()
+        raise StreamError(f"HTTP {status}: {rest[:300]!r}")
+    nbytes = 0
+    while data := await reader.read(1 << 16):
+        nbytes += len(data)
+    return Drained(first, time.perf_counter(), nbytes)

@@ -10,6 +10,7 @@ from libs.protocol.messages import Logprobs
 
 from .formats import OpenAIFormat
 from .logprobs import LogprobStream
+from .sse import sse_event
 from .tool_parser import ToolCallParser
 
 
@@ -19,6 +20,14 @@ class ChoiceStream:
         self.fmt, self.index = fmt, index
         self.parser = ToolCallParser() if tools and fmt.chat else None
         self.logprobs = logprobs
+
+    def events(self, text: str, finish_reason: str | None,
+               logprobs: Logprobs | None = None) -> list[bytes]:
+        """:meth:`chunks` as SSE events; a plain text delta (most of a stream) takes the
+        short way, :meth:`OpenAIFormat.text_event`."""
+        if self.parser is None and self.logprobs is None and finish_reason is None:
+            return [self.fmt.text_event(text, self.index)] if text else []
+        return [sse_event(chunk) for chunk in self.chunks(text, finish_reason, logprobs)]
 
     def chunks(self, text: str, finish_reason: str | None,
                logprobs: Logprobs | None = None) -> list[dict]:

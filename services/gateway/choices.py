@@ -126,8 +126,8 @@ async def merged_events(gens: list[Generation], fmt: OpenAIFormat, deadline: Dea
             elif isinstance(item, (ServiceError, ApiError)):
                 failed = item
             else:
-                for chunk in streams[i].chunks(item.text, item.finish_reason, item.logprobs):
-                    yield sse_event(chunk)
+                for event in streams[i].events(item.text, item.finish_reason, item.logprobs):
+                    yield event
         if failed is not None:
             error = ApiError.from_service(failed) if isinstance(failed, ServiceError) else failed
             yield sse_event(error.body())

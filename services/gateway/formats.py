@@ -11,6 +11,7 @@ from libs.protocol.messages import TextDelta, Usage
 
 from .generation import Completion
 from .logprobs import chat_logprobs, legacy_logprobs, native_logprobs
+from .sse import json_string, sse_event
 from .tool_parser import parse_output
 from .usage import cached_by_tier
 
@@ -37,6 +38,8 @@ class OpenAIFormat:
     chat: bool
     include_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
+    # choice index -> the bytes of a text chunk's SSE event before and after its text
+    _frames: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def id(self) -> str:
@@ -107,10 +110,24 @@ class OpenAIFormat:
             body["usage"] = None
         return body
 
+    def text_event(self, text: str, index: int = 0) -> bytes:
+        """``sse_event(self.chunk(text, index=index))``, byte for byte, without building the
+        chunk: the bytes around the text are encoded once per choice, each event encodes
+        its text alone."""
+        frame = self._frames.get(index)
+        if frame is None:
+            whole = sse_event(self.chunk(_MARK, index=index))
+            head, _, tail = whole.partition(json_string(_MARK))
+            frame = self._frames[index] = (head, tail)
+        return frame[0] + json_string(text) + frame[1]
+
     def usage_chunk(self, usage: Usage) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [],
                 "usage": usage_body(usage)}
+
+
+_MARK = "\x00radixmesh-text\x00"  # a text no chunk has: where the text goes in a frame
 
 
 def choices_usage(usages: Sequence[Usage], n: int = 1) -> Usage:

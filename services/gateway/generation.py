@@ -16,6 +16,10 @@ from .logprobs import merge_logprobs
 from .usage import prompt_only
 
 
+# put in a request's queue when it waited request_timeout for output (identity-checked)
+_TIMED_OUT = TextDelta(rid="", text="", token_ids=[])
+
+
 @dataclass
 class Completion:
     """The whole output of a finished request (non-stream)."""
@@ -88,6 +92,8 @@ class Generation:
         self._queue = queue
         self._error: ServiceError | None = None
         self._gap: ServiceError | None = None  # found behind deltas that went out first
+        self._waiting_since: float | None = None  # loop time the consumer began to wait
+        self._timer: asyncio.TimerHandle | None = None  # the request_timeout check (_wait)
 
     async def __aenter__(self) -> "Generation":
         return self
@@ -99,6 +105,9 @@ class Generation:
         """Idempotent and synchronous: abort if unfinished, release, forget the rid."""
         if not self.closed:
             self.closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self._on_close(self)
 
     def __aiter__(self) -> AsyncIterator[TextDelta]:
@@ -182,18 +191,43 @@ class Generation:
                 return self._merge(items)
 
     async def _take(self) -> list[TextDelta]:
-        try:
-            async with asyncio.timeout(self.request_timeout):
-                first = await self._queue.get()
-        except TimeoutError:
+        queue = self._queue
+        first = queue.get_nowait() if not queue.empty() else await self._wait(queue)
+        if first is _TIMED_OUT:
             self._error = errors.timeout(
                 f"no output for {self.request_timeout:g}s (request {self.rid})"
             )
-            raise self._error from None
+            raise self._error
         items = [first]
         while not self._queue.empty() and items[-1].finish_reason is None and items[-1].error is None:
             items.append(self._queue.get_nowait())
         return items
+
+    async def _wait(self, queue: asyncio.Queue[TextDelta]) -> TextDelta:
+        """The next delta, or _TIMED_OUT after ``request_timeout`` without one.
+
+        NOTE: one timer per request, moved on only when it fires (``_check_wait``), not a
+        timer set and cancelled per streamed delta (a visible share of the gateway's CPU
+        per token: docs/benchmarks.md, the mesh)."""
+        loop = asyncio.get_running_loop()
+        self._waiting_since = loop.time()
+        if self._timer is None:
+            self._timer = loop.call_at(self._waiting_since + self.request_timeout, self._check_wait)
+        try:
+            return await queue.get()
+        finally:
+            self._waiting_since = None
+
+    def _check_wait(self) -> None:
+        self._timer = None
+        if self._waiting_since is None or self.closed:
+            return  # NOTE: not waiting now: the next wait sets a timer again
+        due = self._waiting_since + self.request_timeout
+        loop = asyncio.get_running_loop()
+        if loop.time() >= due:
+            self._queue.put_nowait(_TIMED_OUT)
+        else:
+            self._timer = loop.call_at(due, self._check_wait)
 
     def _in_order(self, items: list[TextDelta]) -> list[TextDelta]:
         """The deltas that continue the output the consumer has: repeats dropped; at a gap

@@ -94,16 +94,15 @@ class Deadline:
         except TimeoutError:
             raise self.error() from None
 
-    async def iterate(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
-        """``items`` until the deadline; then 504 :class:`ApiError`.
+    def iterate(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
+        """``items`` until the deadline; then 504 :class:`ApiError`. Without a deadline,
+        ``items`` themselves: no timer and no generator between them and the consumer,
+        per streamed event."""
+        return items if self.at is None else self._until(items)
 
-        NOTE: the timeout covers only the wait for the next item, never a
-        ``yield``: a cancellation must not land in the consumer's code.
-        """
-        if self.at is None:  # NOTE: no timer per item (one per streamed event otherwise)
-            async for item in items:
-                yield item
-            return
+    async def _until(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
+        """NOTE: the timeout covers only the wait for the next item, never a
+        ``yield``: a cancellation must not land in the consumer's code."""
         it = aiter(items)
         while True:
             try:

@@ -151,12 +151,13 @@ class Pipeline:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def _dispatch(self, batch: GatewayBatch) -> None:
+        now, queues, note = time.monotonic(), self._queues, self.arrivals.note
         for item in batch.items:
-            queue = self._queues.get(item.rid)
+            queue = queues.get(item.rid)
             if queue is None:
                 log.debug("delta for unknown rid %s dropped", item.rid)
             else:
-                self.arrivals.note(item)
+                note(item, now)
                 queue.put_nowait(item)
 
     def end_open(self) -> int:

@@ -254,8 +254,8 @@ async def openai_events(gen: Generation, fmt: OpenAIFormat, deadline: Deadline =
             yield sse_event(fmt.chunk("", role=True))
         try:
             async for delta in deadline.iterate(gen):
-                for chunk in stream.chunks(delta.text, delta.finish_reason, delta.logprobs):
-                    yield sse_event(chunk)
+                for event in stream.events(delta.text, delta.finish_reason, delta.logprobs):
+                    yield event
         except ServiceError as exc:
             yield sse_event(ApiError.from_service(exc).body())
         except ApiError as exc:

@@ -24,6 +24,11 @@ def sse_event(obj: Any) -> bytes:
     return b"data: " + _encoder.encode(obj) + b"\n\n"
 
 
+def json_string(text: str) -> bytes:
+    """``text`` as a JSON string."""
+    return _encoder.encode(text)
+
+
 def parse_sse(body: bytes) -> list[Any]:
     """Decode a whole SSE body into its JSON payloads; ``[DONE]`` becomes the string."""
     out: list[Any] = []

@@ -31,11 +31,13 @@ class Arrivals:
         self._seen: dict[str, tuple[float, int]] = {}
         self._suspect: dict[str, tuple[float, int]] = {}  # rid -> (when, what its scheduler had sent)
 
-    def note(self, item: TextDelta) -> None:
+    def note(self, item: TextDelta, now: float | None = None) -> None:
+        """Output of ``item.rid`` arrived (``now``: the batch's time, read once for all of it)."""
         end = item.pos + len(item.token_ids) if item.pos >= 0 else -1
         _, last = self._seen.get(item.rid, (0.0, -1))
-        self._seen[item.rid] = (time.monotonic(), max(end, last))
-        self._suspect.pop(item.rid, None)
+        self._seen[item.rid] = (time.monotonic() if now is None else now, max(end, last))
+        if self._suspect:
+            self._suspect.pop(item.rid, None)
 
     def forget(self, rid: str) -> None:
         self._seen.pop(rid, None)

@@ -193,11 +193,13 @@ class SchedulerCore:
     def complete(self, result: ForwardResult) -> Step:
         """Apply the sampled tokens of the oldest step in flight; returns that step."""
         step = self.inflight.popleft() if self.inflight else None
+        # NOTE: a step whose requests want no logprobs has none to count (most steps)
+        counts = [item.lp_count for item in step.items] if step is not None and step.logprobs else []
         if step is None or len(result.next_token_ids) != len(step.items) \
-                or len(result.logprobs) != sum(item.lp_count for item in step.items):
+                or len(result.logprobs) != sum(counts):
             raise errors.internal("worker result does not match the step it answers")
         decoded = False
-        lp_at = np.cumsum([0, *(item.lp_count for item in step.items)]).tolist()
+        lp_at = np.cumsum([0, *counts]).tolist() if counts else []
         for i, (item, token) in enumerate(zip(step.items, result.next_token_ids)):
             req = item.req
             req.ahead -= item.samples
@@ -293,11 +295,12 @@ class SchedulerCore:
         return ids
 
     def _finish_reason(self, req: Req, token: int) -> str | None:
-        if token in req.sampling.stop_token_ids:
+        s, out = req.sampling, len(req.output_ids)  # NOTE: once per token: no properties
+        if s.stop_token_ids and token in s.stop_token_ids:
             return "stop"
-        if not req.sampling.ignore_eos and token in self.eos:
+        if not s.ignore_eos and token in self.eos:
             return "stop"
-        if req.remaining_tokens <= 0 or req.fill_len >= self.info.max_model_len:
+        if out >= s.max_new_tokens or len(req.input_ids) + out >= self.info.max_model_len:
             return "length"
         return None
 

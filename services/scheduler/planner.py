@@ -50,7 +50,7 @@ class Planner:
     def plan(self, ahead: bool, force_retract: bool) -> Step:
         """The next step; ``ahead``: a step is still in flight."""
         step = Step()
-        decode = [r for r in self.running if r.decoding and not r.ends_in_flight(self.max_model_len)]
+        decode = [r for r in self.running if r.decodes_next(self.max_model_len)]
         if ahead and (force_retract or (decode and self.cache.available < len(decode))):
             step.sync = True
             return step
@@ -62,9 +62,10 @@ class Planner:
             self._retract(step, victim)
             if victim in decode:
                 decode.remove(victim)
-        step.items = [StepItem(r, 1) for r in decode]
+        step.items = [StepItem(r, 1, decode=True) for r in decode]
         used, budget = len(decode), self.config.chunked_prefill_size
-        for req in [r for r in self.running if not r.decoding]:  # unfinished prefills first
+        prefilling = [] if len(decode) == len(self.running) else [r for r in self.running if not r.decoding]
+        for req in prefilling:  # unfinished prefills first
             n = min(budget, req.fill_len - req.kv_len, self.cache.available - used)
             if n > 0:
                 step.items.append(StepItem(req, n))
@@ -110,6 +111,8 @@ class Planner:
     # -- internals ---------------------------------------------------------------
 
     def _admit(self, step: Step, used: int, budget: int) -> int:
+        if not self.waiting:
+            return used  # NOTE: a decode-only step: nothing below to do for each running request
         cfg, cache = self.config, self.cache
         ratio = self.new_token_ratio
         reserved = sum(math.ceil(r.remaining_tokens * ratio) for r in self.running)

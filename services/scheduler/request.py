@@ -144,6 +144,15 @@ class Req:
         return bool(self.ahead) and (self.remaining_tokens <= self.ahead
                                      or self.fill_len + self.ahead >= max_model_len)
 
+    def decodes_next(self, max_model_len: int) -> bool:
+        """``decoding and not ends_in_flight(max_model_len)``, in one pass: the planner
+        asks it of every running request at every step."""
+        out, ahead = len(self.output_ids), self.ahead
+        fill = len(self.input_ids) + out
+        if not (out or ahead) or self.kv_len != fill - 1 + ahead:
+            return False
+        return not ahead or (self.sampling.max_new_tokens - out > ahead and fill + ahead < max_model_len)
+
     @property
     def remaining_tokens(self) -> int:
         return self.sampling.max_new_tokens - len(self.output_ids)

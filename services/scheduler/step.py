@@ -45,6 +45,7 @@ class Step:
     slots: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     number: int = 0
     copied: int = 0  # tokens of KV its copies move (host tier: down or back up)
+    logprobs: bool = False  # some item's request wants logprobs (set by to_batch)
     pending: object | None = None  # the transport's handle on the reply (a future)
 
     def to_batch(self, number: int) -> ForwardBatch:
@@ -52,8 +53,11 @@ class Step:
         rows, prefix, extend, ids, new_rows = [], [], [], [], []
         for item in self.items:
             req, n = item.req, item.tokens
-            item.decode, item.prefix_len = req.decoding, req.kv_len
-            item.lp_window = logprob_window(req, n)
+            # NOTE: the planner made its decodes decode=True; only the rest is asked
+            item.decode, item.prefix_len = item.decode or req.decoding, req.kv_len
+            if req.lp_next >= 0:  # NOTE: (-1, 0, -1), the default, otherwise
+                item.lp_window = logprob_window(req, n)
+                self.logprobs = True
             rows.append(req.row)
             prefix.append(req.kv_len)
             extend.append(n)
@@ -66,7 +70,7 @@ class Step:
                 new_rows.append(new_row(req))
         batch = ForwardBatch(step=number, new_rows=new_rows, rows=rows, prefix_lens=prefix,
                              extend_lens=extend, input_ids=ids, out_slots=self.slots.tolist())
-        if any(item.lp_count for item in self.items):
+        if self.logprobs and any(item.lp_count for item in self.items):
             windows = [item.lp_window for item in self.items]
             batch.logprob_from, batch.logprob_count, batch.logprob_next = map(list, zip(*windows))
             batch.top_logprobs_num = [item.req.sampling.top_logprobs_num for item in self.items]

@@ -93,3 +93,31 @@ def test_a_stream_without_events_is_an_error():
     head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
     with pytest.raises(StreamError, match="no events"):
         _run(head + _framed([b"data: [DONE]\n\n"]))
+
+
+def _drain(reply: bytes):
+    from radixmesh.benchmarks.sse_client import drain_post
+
+    seen: list[bytes] = []
+
+    async def go():
+        server = await _serve(reply, seen)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await drain_post(f"http://127.0.0.1:{port}", "/v1/completions", {"prompt": [1]})
+
+    return asyncio.run(go()), seen
+
+
+def test_drain_post_reads_to_the_end_and_counts_the_body():
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = _framed(EVENTS)
+    got, seen = _drain(head + body)
+    assert got.nbytes == len(body) and 0 < got.first <= got.end
+    assert b"connection: close" in seen[0]
+
+
+def test_drain_post_raises_on_an_error_status():
+    body = b'{"error": {"message": "bad"}}'
+    with pytest.raises(StreamError, match="HTTP 400.*bad"):
+        _drain(b"HTTP/1.1 400 Bad Request\r\ncontent-length: %d\r\n\r\n" % len(body) + body)

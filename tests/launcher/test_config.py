@@ -131,3 +131,9 @@ def test_index_replicas_start_that_many_cache_indexes(capsys, monkeypatch, tmp_p
     index = [(args, log) for service, args, log in spawned if service == "cache_index"]
     assert [log for _, log in index] == ["cache_index", "cache_index-1", "cache_index-2"]
     assert len({args[args.index("--instance") + 1] for args, _ in index}) == 3  # one id each
+
+
+def test_gateways_and_tokenizers_follow_the_cores():
+    from radixmesh.launcher import per_cores
+
+    assert [per_cores(c) for c in (1, 2, 7, 8, 16, 31, 64, 512)] == [1, 1, 1, 1, 2, 3, 8, 8]
