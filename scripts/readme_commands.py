@@ -51,6 +51,9 @@ SKIPS: dict[str, tuple[re.Pattern, str]] = {
     "kubectl": (re.compile(r"^kubectl apply -k deploy/k8s$"),
                 "no Kubernetes cluster or kubectl here; tests/deploy/test_k8s_manifests.py validates "
                 "deploy/k8s against Kubernetes' schemas (kubernetes-validate)"),
+    "benchmark-module": (re.compile(r"^python -m radixmesh\.benchmarks\.(mesh|bf16_quality)$"),
+                         "a benchmark that takes minutes: tests/benchmarks (test_mesh.py, "
+                         "test_bf16_quality.py) runs each on a smaller workload"),
     "vllm-bench": (re.compile(r"^radixmesh bench .*--systems radixmesh,vllm:"),
                    "beside a vLLM server on :8100 (docs/benchmarks.md says how to start one); "
                    "scripts/compose_smoke.sh runs a radixmesh bench row in compose and locally"),

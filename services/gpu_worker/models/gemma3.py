@@ -85,9 +85,8 @@ class Gemma3Model(LlamaModel):
     COMPILED_STEP = False  # NOTE: so are compiled.py's pieces
     QK_NORM = True
 
-    def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", pack: bool = True,
-                 kernel: str = "auto", bf16_weights: bool = False, max_positions: int | None = None) -> None:
-        super().__init__(path, dtype, device, pack, kernel, bf16_weights, max_positions)
+    def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device="cpu", **options) -> None:
+        super().__init__(path, dtype, device, **options)
         cfg, text = self.config, text_config(self.config.raw)
         self.types = layer_types(text)
         window = text.get("sliding_window")
