@@ -72,15 +72,20 @@ class _Chunks:
 
 async def stream_post(url: str, path: str, body: dict, timeout: float = 600.0) -> StreamTimes:
     """POST ``body`` as JSON to ``url + path`` and read its SSE stream to the end."""
+    return await _post(url, path, body, _read_stream, timeout, "accept: text/event-stream\r\n")
+
+
+async def _post(url: str, path: str, body: dict, read, timeout: float, extra_headers: str = ""):
+    """POST ``body`` as JSON (``connection: close``) and return ``read(reader)``'s result."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     payload = json.dumps(body).encode()
     head = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
-            f"accept: text/event-stream\r\ncontent-length: {len(payload)}\r\nconnection: close\r\n\r\n")
+            f"{extra_headers}content-length: {len(payload)}\r\nconnection: close\r\n\r\n")
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(head.encode() + payload)
-        return await asyncio.wait_for(_read_stream(reader), timeout)
+        return await asyncio.wait_for(read(reader), timeout)
     finally:
         writer.close()
 
@@ -134,17 +139,7 @@ async def drain_post(url: str, path: str, body: dict, timeout: float = 600.0) ->
     leanest client there is (one ``read`` per arrival, no de-framing), for benchmarks
     that count the server's CPU and take the tokens from its own counters. The request
     asks ``connection: close``, so the end of the body is the end of the connection."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    payload = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n")
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(head.encode() + payload)
-        return await asyncio.wait_for(_drain(reader), timeout)
-    finally:
-        writer.close()
+    return await _post(url, path, body, _drain, timeout)
 
 
 async def _drain(reader: asyncio.StreamReader) -> Drained:
