@@ -25,6 +25,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 WORK=${SMOKE_WORK:-/tmp/radixmesh-smoke}
 WORKERS=${SMOKE_WORKERS:-2}
+# NOTE: as `radixmesh up` does by default: two schedulers where there are two workers or more
+SCHEDULERS=$(( WORKERS >= 2 ? 2 : 1 ))
 PROJECT=radixmesh-smoke
 BASE_IMAGE=local/radixmesh-base:bookworm
 KEEP_IMAGES=0
@@ -119,9 +121,9 @@ step "image built in $(( $(date +%s) - t ))s: $(docker image inspect -f '{{.Size
 # -- 4. up, two workers ---------------------------------------------------------------
 export RADIXMESH_PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export NATS_PASSWORD=smoke-$RANDOM$RANDOM RADIXMESH_WORKER_THREADS=1 RADIXMESH_KV_SLOTS=4096
-step "docker compose up --scale gpu_worker=$WORKERS (gateway on :$RADIXMESH_PORT)"
+step "docker compose up --scale gpu_worker=$WORKERS --scale scheduler=$SCHEDULERS (gateway on :$RADIXMESH_PORT)"
 t=$(date +%s)
-dc up -d --wait --wait-timeout 600 --scale gpu_worker="$WORKERS" 2>&1 | grep -v -E '^\s*$' | tail -20
+dc up -d --wait --wait-timeout 600 --scale gpu_worker="$WORKERS" --scale scheduler="$SCHEDULERS" 2>&1 | grep -v -E '^\s*$' | tail -20
 step "stack healthy in $(( $(date +%s) - t ))s"
 dc ps --format '{{.Name}}\t{{.Status}}'
 dc logs --no-color models 2>&1 | tail -8
@@ -141,13 +143,13 @@ step "checks passed in $(( $(date +%s) - t ))s"
 # -- 6. a bench row in compose beside the local stack ------------------------------------
 if [ "${SMOKE_BENCH:-1}" = 1 ]; then
   # decode at batch 8 (the README's row, shorter): both stacks idle while the other runs
-  BENCH=(--workload random --param requests=16 --param min_prompt_tokens=256 --param max_prompt_tokens=256
+  BENCH=(--workload random --param requests=32 --param min_prompt_tokens=256 --param max_prompt_tokens=256
          --param max_tokens=64 --max-concurrency 8 --ignore-eos --api chat --systems radixmesh
          --no-plots --no-progress)
   LOCAL_PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  step "local stack: radixmesh up --workers $WORKERS --threads 1 --kv-slots $RADIXMESH_KV_SLOTS (:$LOCAL_PORT)"
+  step "local stack: radixmesh up --workers $WORKERS --schedulers $SCHEDULERS --threads 1 --kv-slots $RADIXMESH_KV_SLOTS (:$LOCAL_PORT)"
   setsid env -u NATS_PASSWORD -u RADIXMESH_PORT -u RADIXMESH_WORKER_THREADS -u RADIXMESH_KV_SLOTS \
-    .venv/bin/radixmesh up --workers "$WORKERS" --threads 1 --kv-slots "$RADIXMESH_KV_SLOTS" \
+    .venv/bin/radixmesh up --workers "$WORKERS" --schedulers "$SCHEDULERS" --threads 1 --kv-slots "$RADIXMESH_KV_SLOTS" \
     --port "$LOCAL_PORT" --log-dir "$WORK/local-logs" >"$WORK/local-up.log" 2>&1 &
   LOCAL_PID=$!
   for _ in $(seq 600); do grep -q 'gateway ready at' "$WORK/local-up.log" && break
@@ -178,7 +180,7 @@ fi
 MORE=$(( WORKERS + 1 ))
 step "docker compose up --scale gpu_worker=$MORE on the running stack"
 t=$(date +%s)
-dc up -d --wait --wait-timeout 300 --scale gpu_worker="$MORE" >"$WORK/scale.log" 2>&1 || { cat "$WORK/scale.log"; exit 1; }
+dc up -d --wait --wait-timeout 300 --scale gpu_worker="$MORE" --scale scheduler="$SCHEDULERS" >"$WORK/scale.log" 2>&1 || { cat "$WORK/scale.log"; exit 1; }
 if grep -E 'Recreat' "$WORK/scale.log"; then echo "scaling up recreated running containers"; exit 1; fi
 step "worker $MORE healthy in $(( $(date +%s) - t ))s; running containers kept: $(grep -c ' Running$' "$WORK/scale.log")"
 check "$MORE"
