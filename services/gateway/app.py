@@ -19,6 +19,7 @@ from .limits import ConcurrencyLimit
 from .observability import RequestContextMiddleware
 from .openapi import openapi_document
 from .routes import GatewaySettings, GenerationRoutes, Submitter, endpoint, json_response, read_body
+from .sse import RAW_SEND
 from .utility import ServerInfo, UtilityRoutes, public_config
 
 HealthCheck = Callable[[], Awaitable[HealthReport]]
@@ -29,9 +30,18 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/gener
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class GatewayApp(Starlette):
+    """Starlette that leaves the server's own ``send`` in the scope: a stream's plain
+    chunks go straight to the connection (sse.chunk_writer), under the middleware."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        scope[RAW_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
 def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthCheck,
                flush_cache: FlushCache | None = None, metrics: Metrics | None = None,
-               info: ServerInfo | None = None) -> Starlette:
+               info: ServerInfo | None = None) -> GatewayApp:
     """The gateway's ASGI app; ``pipeline`` is usually a started :class:`Pipeline`,
     ``metrics`` renders the Prometheus page (``GET /metrics``; 404 without it),
     ``info`` what /get_model_info and /get_server_info say (default: the settings)."""
@@ -105,7 +115,7 @@ def create_app(pipeline: Submitter, settings: GatewaySettings, health: HealthChe
     if settings.limits.max_concurrent_requests:
         middleware.append(Middleware(ConcurrencyLimit, paths=GENERATION_PATHS,
                                      limit=settings.limits.max_concurrent_requests))
-    app = Starlette(routes=routes, middleware=middleware,
+    app = GatewayApp(routes=routes, middleware=middleware,
                     exception_handlers={HTTPException: _http_error})
     app.state.pipeline = pipeline
     app.state.settings = settings

@@ -20,6 +20,15 @@ from .usage import prompt_only
 _TIMED_OUT = TextDelta(rid="", text="", token_ids=[])
 
 
+class DeltaQueue(asyncio.Queue):
+    """A submission's output deltas, and the generation reading them (once it is bound),
+    which may take a plain delta without queueing it (:meth:`Generation.offer`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generation: Generation | None = None
+
+
 @dataclass
 class Completion:
     """The whole output of a finished request (non-stream)."""
@@ -90,10 +99,14 @@ class Generation:
         self.finished = False
         self.closed = False
         self._queue = queue
+        self._bind(queue)
         self._error: ServiceError | None = None
         self._gap: ServiceError | None = None  # found behind deltas that went out first
         self._waiting_since: float | None = None  # loop time the consumer began to wait
         self._timer: asyncio.TimerHandle | None = None  # the request_timeout check (_wait)
+        # the consumer's writer of a plain text delta (see offer); None: every delta queued
+        self.direct: Callable[[str], bool] | None = None
+        self.direct_deltas = 0  # deltas that went out through ``direct``
 
     async def __aenter__(self) -> "Generation":
         return self
@@ -126,6 +139,7 @@ class Generation:
                detok_instance: str = "", session: str = "") -> None:
         """Continue on a fresh submission (same public rid)."""
         self.bus_rid, self.worker_id, self._queue = bus_rid, worker_id, queue
+        self._bind(queue)
         self._lost, self._gap = False, None
         self.detok_instance, self.session = detok_instance, session
         self.bound_at = time.monotonic()
@@ -168,6 +182,33 @@ class Generation:
         return (exc.code in self.RETRIABLE and self._resubmit is not None
                 and not self.closed
                 and (self.blips < self.MAX_BLIPS if exc.code in self.BLIPS else self.retries < self.MAX_RETRIES))
+
+    def _bind(self, queue: asyncio.Queue[TextDelta]) -> None:
+        if isinstance(queue, DeltaQueue):
+            queue.generation = self
+
+    def offer(self, item: TextDelta) -> bool:
+        """Hand a plain continuation (text, no finish, no error, no logprobs, the next
+        position) straight to the consumer's stream through ``direct``; False: queue it.
+
+        NOTE: this is most of a stream's deltas, and on this path one costs an encode and a
+        socket write: no queue, no task wake-up, no generator or middleware between them
+        (docs/benchmarks.md, the mesh). Only while the consumer is parked waiting for output
+        with nothing queued, so every event it sent before went out first, and only after
+        the first token took the ordinary way (its metrics and span event).
+        """
+        if (self.direct is None or self._waiting_since is None or not self._delivered
+                or item.finish_reason is not None or item.error is not None or item.logprobs is not None
+                or (item.pos >= 0 and item.pos != len(self.output_ids)) or self.closed or self.finished
+                or self._gap is not None or not self._queue.empty()):
+            return False
+        if item.text and not self.direct(item.text):
+            return False  # NOTE: e.g. the client is slow and the server paused writing: queued
+        self.output_ids.extend(item.token_ids)
+        self.completion_tokens += len(item.token_ids)
+        self.emitted_chars += len(item.text)
+        self.direct_deltas += 1
+        return True
 
     def lost(self, error: ServiceError) -> None:
         """The submission's scheduler or worker is gone (seen by a watchdog):

@@ -33,7 +33,7 @@ from libs.protocol.messages import (
 
 from .config import PipelineConfig
 from .fallback import LoadView
-from .generation import Completion, Generation
+from .generation import Completion, DeltaQueue, Generation
 from .metrics import RequestMetrics
 from .observability import request_arrival
 from .placement import Placement
@@ -63,7 +63,7 @@ class Pipeline:
         self.placement = Placement(bus, subjects, model, config, metrics, self._publish_later)
         # NOTE: every rid in here has exactly one live Generation (or a submit in
         # progress); it is removed synchronously when that ends, so none leak.
-        self._queues: dict[str, asyncio.Queue[TextDelta]] = {}
+        self._queues: dict[str, DeltaQueue] = {}
         self._tasks: set[asyncio.Task] = set()
         self._live: set[Generation] = set()  # open generations, for the watchdog
         self.submitted = 0  # requests accepted since start
@@ -158,7 +158,9 @@ class Pipeline:
                 log.debug("delta for unknown rid %s dropped", item.rid)
             else:
                 note(item, now)
-                queue.put_nowait(item)
+                gen = queue.generation
+                if gen is None or not gen.offer(item):
+                    queue.put_nowait(item)
 
     def end_open(self) -> int:
         """End every open request with a final 503 (the gateway is stopping); how many."""
@@ -253,7 +255,7 @@ class Pipeline:
     async def _launch(self, rid: str, req: GenerationRequest, exclude: list[str],
                       resume: Resume) -> Launched:
         """Encode, route (avoiding ``exclude``) and submit under ``rid``."""
-        queue: asyncio.Queue[TextDelta] = asyncio.Queue()
+        queue = DeltaQueue()
         self._queues[rid] = queue
         try:
             enc = await self.bus.request(

@@ -64,8 +64,16 @@ def json_response(body: dict, status: int = 200, worker: str = "") -> Response:
     return Response(_json.encode(body), status, headers=headers, media_type="application/json")
 
 
-def sse_response(gen: Generation, events: AsyncIterator[bytes]) -> SSEResponse:
-    return SSEResponse(events, on_close=gen.close, headers={WORKER_HEADER: gen.worker_id})
+def sse_response(gen: Generation, events: AsyncIterator[bytes],
+                 plain: OpenAIFormat | None = None) -> SSEResponse:
+    """``plain``: the stream's events are ``plain.text_event`` of each delta's text (no tool
+    calls, no logprobs): such deltas may go straight to the connection (Generation.offer)."""
+    on_stream = None
+    if plain is not None:
+        def on_stream(write: Callable[[bytes], bool]) -> None:
+            gen.direct = lambda text: write(plain.text_event(text))
+    return SSEResponse(events, on_close=gen.close, headers={WORKER_HEADER: gen.worker_id},
+                       on_stream=on_stream)
 
 
 def endpoint(fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -173,7 +181,9 @@ class GenerationRoutes:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             fmt = OpenAIFormat(gen.rid, model, chat, include_usage)
             lps = stream_logprobs(req, chat, gen.prompt_tokens)
-            return sse_response(gen, openai_events(gen, fmt, deadline, bool(req.tool_mode), lps))
+            tools = bool(req.tool_mode)
+            return sse_response(gen, openai_events(gen, fmt, deadline, tools, lps),
+                                plain=fmt if not tools and lps is None else None)
         done = await run_until_disconnect(request.receive, deadline.run(self._complete(req)))
         return json_response(OpenAIFormat(done.rid, model, chat).response(done, req), worker=done.worker)
 

@@ -39,6 +39,38 @@ def parse_sse(body: bytes) -> list[Any]:
     return out
 
 
+RAW_SEND = "radixmesh.send"  # scope key: the server's own send, under every middleware (app.py)
+
+
+def chunk_writer(send: Send | None) -> Callable[[bytes], bool] | None:
+    """A synchronous writer of response body chunks straight to the connection, or None
+    where the server is not uvicorn's httptools protocol on a chunked response (then
+    every chunk goes through ``send``). The writer returns False, writing nothing, when
+    the connection is gone or paused for a slow reader, so the caller's ``send`` (which
+    waits) takes the chunk instead.
+
+    NOTE: a chunk written here is the bytes uvicorn's own send writes for it
+    (``<size hex>\r\n<body>\r\n``); only body chunks of a started response go this
+    way, its start and end always through ``send``, so uvicorn's state stays its own.
+    """
+    cycle = getattr(send, "__self__", None)
+    try:
+        from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+    except ImportError:  # pragma: no cover - httptools is a dependency
+        return None
+    if not isinstance(cycle, RequestResponseCycle) or cycle.chunked_encoding is not True:
+        return None
+    transport, flow = cycle.transport, cycle.flow
+
+    def write(body: bytes) -> bool:
+        if cycle.disconnected or flow.write_paused or cycle.response_complete:
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+    return write
+
+
 class ClientGone(Exception):
     """The HTTP client disconnected before the work finished."""
 
@@ -77,13 +109,18 @@ class SSEResponse:
     """
 
     def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None] | None = None,
-                 status_code: int = 200, headers: dict[str, str] | None = None) -> None:
+                 status_code: int = 200, headers: dict[str, str] | None = None,
+                 on_stream: Callable[[Callable[[bytes], bool]], None] | None = None) -> None:
         self.events = events
         self.on_close = on_close
+        # given the connection's chunk writer once the response started (see chunk_writer)
+        self.on_stream = on_stream
+        self._raw_send: Send | None = None
         self.status_code = status_code
         self.headers = _HEADERS + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._raw_send = scope.get(RAW_SEND)
         try:
             await run_until_disconnect(receive, self._stream(send))
         except (ClientGone, OSError):
@@ -97,6 +134,10 @@ class SSEResponse:
 
     async def _stream(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
+        if self.on_stream is not None:
+            write = chunk_writer(self._raw_send)
+            if write is not None:
+                self.on_stream(write)
         async for chunk in self.events:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -19,6 +19,7 @@ from services.gateway.health import BusHealth
 from services.gateway.pipeline import PipelineConfig
 from services.gateway.routes import GatewaySettings
 from services.gateway.server import ServerConfig, serve_http
+from services.gateway.sse import parse_sse
 
 MODEL = "served-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -108,3 +109,68 @@ def test_process_serves_and_stops_on_sigterm(nats_server, subject_prefix):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _payloads(body: str) -> list:
+    """The stream's events less what differs between two requests (id, created)."""
+    events = parse_sse(body.encode())
+    for event in events:
+        if isinstance(event, dict):
+            event.pop("id", None)
+            event.pop("created", None)
+    return events
+
+
+@asynccontextmanager
+async def watched(pipeline):
+    """Every generation the pipeline submits, to read how its deltas went out."""
+    gens, submit = [], pipeline.submit
+
+    async def recording(req):
+        gens.append(await submit(req))
+        return gens[-1]
+
+    pipeline.submit = recording
+    try:
+        yield gens
+    finally:
+        pipeline.submit = submit
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {**CHAT, "stream": True}),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stream": True,
+                         "stream_options": {"include_usage": True}}),
+])
+async def test_plain_deltas_go_straight_to_the_connection_with_the_same_bytes(played, pipeline, path, body):
+    """Through uvicorn a plain stream's deltas after the first skip the queue (Generation.offer);
+    its events are those of the queued path (an in-process ASGI client has no raw connection)."""
+    played.words = 12
+    async with running_server(pipeline) as url, watched(pipeline) as gens, \
+            httpx.AsyncClient(base_url=url) as client:
+        direct = (await client.post(path, json=body)).text
+    async with watched(pipeline) as queued_gens, httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(pipeline, GatewaySettings(MODEL),
+                                                         BusHealth(pipeline.bus, pipeline.subjects))),
+            base_url="http://gw") as client:
+        queued = (await client.post(path, json=body)).text
+    assert _payloads(direct) == _payloads(queued)
+    assert "".join(e["choices"][0].get("text") or e["choices"][0].get("delta", {}).get("content") or ""
+                   for e in _payloads(direct)[:-1] if isinstance(e, dict) and e["choices"]) \
+        == "".join(f"w{i} " for i in range(12))
+    assert gens[0].direct_deltas >= 8 and queued_gens[0].direct_deltas == 0
+    assert gens[0].output_ids == [100 + i for i in range(12)] and gens[0].emitted_chars == len(
+        "".join(f"w{i} " for i in range(12)))
+
+
+async def test_a_stream_resumed_after_direct_deltas_has_no_gap_or_repeat(played, pipeline):
+    """The first worker is lost after 6 words, most of them sent straight to the connection:
+    the resume starts from what the client got (output_ids, emitted_chars kept by offer)."""
+    played.words, played.lost_workers, played.lost_after = 12, {"w1"}, 6
+    async with running_server(pipeline) as url, watched(pipeline) as gens, \
+            httpx.AsyncClient(base_url=url) as client:
+        body = (await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True})).text
+    text = "".join(e["choices"][0]["text"] for e in _payloads(body) if isinstance(e, dict))
+    assert text == "".join(f"w{i} " for i in range(12))
+    assert gens[0].direct_deltas >= 4 and gens[0].retries == 1
+    assert [s.num_output_tokens for s in played.submits] == [0, 6]
