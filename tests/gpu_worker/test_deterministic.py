@@ -5,6 +5,7 @@ chunked against whole, alone against in a mixed batch (the C++ layer loop and th
 a prefill that resumes a request (a dead worker's, a retracted one) against the decode steps
 that produced its tokens, and a prompt prefilled on one runner, its KV exported and imported
 into another (PD) against one runner. Without the mode every one of them differs in bf16.
+Host-tier load-back and retraction as the scheduler decides them: test_deterministic_tiers.py.
 
 NOTE: --dtype bfloat16 explicitly, so the tests mean the same on every CPU: on AVX512-BF16 the
 mode runs the bf16 tile kernel, on AVX2 the fp32 one over widened rows (gemm.linear_fixed)."""
