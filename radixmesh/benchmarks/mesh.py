@@ -1,6 +1,7 @@
 """What the mesh costs per decode step and per token, with the worker's forward out of the way.
 
     python -m radixmesh.benchmarks.mesh [--batches 1 64 256] [--steps 256] [--gateways N] [--tokenizers N]
+                                        [--workers N | --pd P D]
 
 The real stack (``radixmesh up``'s launcher, a real nats-server) serves a tiny random Llama
 this module writes (tiny_model.py: 1 layer, hidden 64, the default model's tokenizer and
@@ -139,6 +140,12 @@ async def _workers(bus: Bus, subjects: Subjects, stack: LocalStack) -> list[str]
     return sorted(w.worker_id for w in reply.workers)
 
 
+def _workers_of(args: argparse.Namespace) -> dict[str, int]:
+    if args.pd is None:
+        return {"workers": args.workers}
+    return {"workers": 0, "prefill_workers": args.pd[0], "decode_workers": args.pd[1]}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
@@ -147,6 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--gateways", type=int, default=1)
     p.add_argument("--tokenizers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1, help="colocated workers (prefill and decode)")
+    p.add_argument("--pd", type=int, nargs=2, default=None, metavar=("P", "D"),
+                   help="P prefill and D decode workers instead of colocated ones")
     p.add_argument("--threads", type=int, default=1, help="threads per worker")
     p.add_argument("--rounds", type=int, default=2, help="rounds over the batches; medians reported")
     p.add_argument("--idle-s", type=float, default=5.0,
@@ -162,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         slots = max(16384, biggest * (args.prompt_tokens + args.steps) * 2)
         config = ephemeral_stack_config(
             args.keep_logs or Path(tmp) / "logs", model=str(model_dir), threads_per_worker=args.threads,
-            kv_slots=slots, gateways=args.gateways, tokenizers=args.tokenizers,
+            kv_slots=slots, gateways=args.gateways, tokenizers=args.tokenizers, **_workers_of(args),
             extra={"scheduler": ["--chunked-prefill-size", str(max(2048, biggest * args.prompt_tokens))]})
         with LocalStack(config, progress=lambda m: None) as stack:
             results = event_loop.run(measure(stack, served_name(str(model_dir)), args))

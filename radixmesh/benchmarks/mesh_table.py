@@ -39,7 +39,9 @@ def per_service(readings: list, batch: int, per: str) -> dict[str, float]:
 
 def print_tables(results: dict[int, list], args: argparse.Namespace) -> None:
     cores = os.cpu_count() or 1
-    print(f"\nmesh CPU, tiny Llama (1 layer, hidden 64), one worker, {args.gateways} gateway(s), "
+    pd = getattr(args, "pd", None)
+    workers = f"{pd[0]} prefill + {pd[1]} decode worker(s)" if pd else f"{getattr(args, 'workers', 1)} worker(s)"
+    print(f"\nmesh CPU, tiny Llama (1 layer, hidden 64), {workers}, {args.gateways} gateway(s), "
           f"{args.tokenizers} tokenizer(s), {cores} cores; steady decode = {args.steps}-step run minus "
           f"{args.short_steps}-step run, median of {args.rounds}")
     idle = getattr(args, "idle", None)
@@ -76,7 +78,8 @@ def _print_siblings(results: dict[int, list]) -> None:
     groups: dict[str, list[str]] = {}
     for name in by_process:
         groups.setdefault(service_of(name), []).append(name)
-    shared = {s: ns for s, ns in groups.items() if len(ns) > 1 and s != "gpu_worker"}
+    # NOTE: gateways and tokenizers split one stream of work; schedulers drive a worker each
+    shared = {s: ns for s, ns in groups.items() if len(ns) > 1 and s in ("gateway", "tokenizer")}
     if not shared:
         return
     print(f"\nbatch {batch}, us per token (of all tokens) by process:\n")
