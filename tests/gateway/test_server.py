@@ -111,14 +111,35 @@ def test_process_serves_and_stops_on_sigterm(nats_server, subject_prefix):
             proc.wait()
 
 
+def _plain_text(event) -> str | None:
+    """The text of a chunk that only carries text (no role, no finish), else None."""
+    if not isinstance(event, dict) or not event.get("choices"):
+        return None
+    choice = event["choices"][0]
+    delta = choice.get("delta", {})
+    if choice.get("finish_reason") is not None or "role" in delta:
+        return None
+    return choice.get("text") or delta.get("content") or None
+
+
 def _payloads(body: str) -> list:
-    """The stream's events less what differs between two requests (id, created)."""
-    events = parse_sse(body.encode())
-    for event in events:
+    """The stream's events less what differs between two requests (id, created), each run
+    of text-only chunks joined into one (how deltas group into events depends on timing)."""
+    out: list = []
+    for event in parse_sse(body.encode()):
         if isinstance(event, dict):
             event.pop("id", None)
             event.pop("created", None)
-    return events
+        text = _plain_text(event)
+        if text is not None and out and _plain_text(out[-1]) is not None:
+            choice = out[-1]["choices"][0]
+            if "text" in choice:
+                choice["text"] += text
+            else:
+                choice["delta"]["content"] += text
+            continue
+        out.append(event)
+    return out
 
 
 @asynccontextmanager
