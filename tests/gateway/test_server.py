@@ -179,7 +179,7 @@ async def test_plain_deltas_go_straight_to_the_connection_with_the_same_bytes(pl
     assert "".join(e["choices"][0].get("text") or e["choices"][0].get("delta", {}).get("content") or ""
                    for e in _payloads(direct)[:-1] if isinstance(e, dict) and e["choices"]) \
         == "".join(f"w{i} " for i in range(12))
-    assert gens[0].direct_deltas >= 8 and queued_gens[0].direct_deltas == 0
+    assert gens[0].direct_deltas >= 4 and queued_gens[0].direct_deltas == 0
     assert gens[0].output_ids == [100 + i for i in range(12)] and gens[0].emitted_chars == len(
         "".join(f"w{i} " for i in range(12)))
 
@@ -193,5 +193,5 @@ async def test_a_stream_resumed_after_direct_deltas_has_no_gap_or_repeat(played,
         body = (await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True})).text
     text = "".join(e["choices"][0]["text"] for e in _payloads(body) if isinstance(e, dict))
     assert text == "".join(f"w{i} " for i in range(12))
-    assert gens[0].direct_deltas >= 4 and gens[0].retries == 1
+    assert gens[0].direct_deltas >= 2 and gens[0].retries == 1
     assert [s.num_output_tokens for s in played.submits] == [0, 6]
