@@ -153,7 +153,7 @@ class TritonAttentionBackend(AttentionBackend):
         window = self.window(layer)
         if (inv := step.invariant) is not None:
             splits = step.splits[window]
-            mid = self._invariant_scratch(q.shape[0], q.shape[1], splits)
+            mid = self._invariant_scratch(inv.lens.shape[0], q.shape[1], splits)
             triton_invariant.invariant_attention(q, k_pool, v_pool, out, inv.lay, inv.owner, inv.lens, self.scale,
                                                  self.split_keys, splits, mid, self.block_n, window or 0)
         if step.decode is not None:

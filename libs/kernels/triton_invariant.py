@@ -131,7 +131,7 @@ def invariant_attention(
     ``out`` row t. ``splits``: the most any query has (splits_for its keys); ``mid``: float32
     scratch [n, heads, >= splits, D] and [n, heads, >= splits]; queries go in launches of n."""
     assert q.stride(-1) == 1 and out.stride(-1) == 1
-    tokens, heads, dim = q.shape
+    tokens, (heads, dim) = lens.shape[0], q.shape[1:]  # NOTE: rows of q past the step's (padding) untouched
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
     mid_o, mid_lse = mid
