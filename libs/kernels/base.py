@@ -103,7 +103,8 @@ class AttentionBackend(ABC):
         chunk, an extend over a cached prefix or a decode step, alone or in any batch; raises
         BackendNotAvailable where this backend has no such mode."""
         if on and not self.batch_invariant:
-            raise BackendNotAvailable(f"the {self.name} attention backend has no deterministic (batch-invariant) mode")
+            raise BackendNotAvailable(f"the {self.name} attention backend has no deterministic (batch-invariant) "
+                                      "mode (the cpu backend has one, and triton on CUDA)")
         self.deterministic = on
 
     def window(self, layer: int) -> int | None:

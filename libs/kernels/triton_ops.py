@@ -2,6 +2,10 @@
 
 One program per token row; the math runs in float32 and rounds once, like the
 torch versions (RMSNorm rounds the normalised row before the weight, as HF does).
+
+NOTE: batch-invariant as they are (the deterministic mode needs nothing more of them): RMSNorm
+reduces each row in its own program over a block sized by the row's width, never by the
+number of rows; RoPE and SiLU-and-multiply reduce nothing.
 """
 
 from __future__ import annotations

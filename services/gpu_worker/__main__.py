@@ -87,8 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the fp32 copy would take over a quarter of the free memory)")
     p.add_argument("--deterministic", action="store_true",
                    default=env("--deterministic", "") not in ("", "0", "false"),
-                   help="batch-invariant kernels (cpu attention backend; bf16, or dtype auto on AVX2: the "
-                        "linears on the tiles, every token through the decode kernel): a token's logits the same "
+                   help="batch-invariant kernels (cpu attention backend: bf16, or dtype auto on AVX2, the "
+                        "linears on the tiles; triton on CUDA, the default there under this flag: the linears on "
+                        "a fixed-tile Triton matmul, tested in the interpreter only; both: every token a decode "
+                        "query with fixed splits): a token's logits the same "
                         "bits in any batch, chunk, cached prefix or not, so greedy output survives a worker's "
                         "death, retraction and a PD transfer; its cost: docs/cpu-kernels.md")
     p.add_argument("--compile", choices=("on", "off"), default=env("--compile", "off"),

@@ -95,8 +95,9 @@ class ModelRunner:
         self.kv = KVPool(mc.num_layers, config.kv_slots, mc.num_kv_heads, mc.head_dim, kv_dtype, self.device)
         self.kv_copies = KVCopier(self.kv, config.host_kv_slots)  # host pool, staging buffers
         backend = config.attention_backend
-        if backend == "auto":
-            backend = default_backend(self.device, kv_dtype)
+        if backend == "auto":  # NOTE: --deterministic on CUDA: triton, flashinfer has no such mode
+            deterministic_gpu = config.deterministic and self.device.type == "cuda"
+            backend = "triton" if deterministic_gpu else default_backend(self.device, kv_dtype)
         # NOTE: a family's own softmax scale (Gemma 3's query_pre_attn_scalar), else 1/sqrt(head_dim)
         self.attn = get_backend(backend, self.kv, scale=getattr(self.model, "attention_scale", None),
                                 dtype=DTYPES[config.dtype])

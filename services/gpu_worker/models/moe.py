@@ -12,7 +12,7 @@ from .features import UnsupportedModel
 from .llama import LlamaModel
 from .moe_layer import Experts, Router, experts_forward
 from .qwen3 import Qwen3Model
-from .weights import LayerWeights, linear
+from .weights import TRITON_FIXED, LayerWeights, linear
 
 
 def expert_count(raw: dict) -> int:
@@ -33,6 +33,9 @@ class MoEModel(LlamaModel):
         super().__init__(path, *args, **kwargs)
         # the experts through the Triton kernel (libs/kernels/fused_moe.py); a test sets it on a CPU
         self.fused_moe = self.device.type == "cuda"
+        if self.linear_kernel == TRITON_FIXED:  # NOTE: its tiles are fixed, but no test shows its rows invariant
+            raise UnsupportedModel("--deterministic on CUDA has no batch-invariant mixture-of-experts kernel "
+                                   "(the fused MoE kernel is not shown invariant): a dense model, or the cpu backend")
         if self.packed:  # NOTE: on a CPU each expert's linears take the dense ones' packed form
             for layer in self.weights.layers:
                 if layer.experts is not None:

@@ -173,6 +173,7 @@ LINEARS = ("qkv", "o_proj", "gate_up", "down")
 LINEAR_KERNELS = ("auto", "onednn", "tiles", "tiles+onednn")
 HYBRID = "tiles+onednn"
 FIXED = "tiles-fixed"  # only under --deterministic, on CPUs without AVX512-BF16 (_invariant_kernel)
+TRITON_FIXED = "triton-fixed"  # only under --deterministic, on CUDA (libs.kernels.triton_matmul)
 # rows from which tiles+onednn runs oneDNN: measured in-model on 2 Zen 3 cores (fp32, 300-token
 # contexts) since the tiles are 16 columns wide (one stream per kernel call), tiles ahead at
 # batch 16 (1.25x), 32 (1.10x), 48 (1.19x), 64 (1.08-1.12x), level at 96 and on 256-token
@@ -195,6 +196,17 @@ class FixedWeight:
     @property
     def shape(self) -> tuple[int, int]:
         return self.tiles.shape
+
+
+@dataclass(frozen=True)
+class InvariantWeight:
+    """A plain weight run by ``triton_matmul.linear`` (``triton-fixed``: the deterministic mode on CUDA)."""
+
+    weight: torch.Tensor  # [out, in], contiguous
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
 
 
 @dataclass(frozen=True)
@@ -255,7 +267,14 @@ def _invariant_kernel(name: str, dtype: torch.dtype, device: torch.device, bf16_
     reduction is one chain of dot instructions in k order, whichever micro-kernel height runs
     it); oneDNN is not (its kernels, and their K blocking, change with M: a bf16 row computed
     alone and in a 500-row chunk differ in the last bit), nor is the AVX2 fp32 kernel as it
-    runs (two accumulator chains up to two rows, one above): ``tiles-fixed`` pads its batches."""
+    runs (two accumulator chains up to two rows, one above): ``tiles-fixed`` pads its batches.
+    On CUDA, ``triton-fixed``: one Triton tile configuration whatever M (cuBLAS picks its kernel
+    and split-K by M), in any float dtype (fp32 on a GPU is no more invariant than bf16)."""
+    if device.type == "cuda":
+        if name != "auto":
+            raise ValueError(f"--deterministic on CUDA runs the linears on the invariant Triton matmul: "
+                             f"linear kernel {name!r} is a CPU kernel")
+        return TRITON_FIXED
     if name not in ("auto", "tiles"):
         raise ValueError(f"--deterministic runs the linears on the tiles: linear kernel {name!r} "
                          "is not batch-invariant")
@@ -263,14 +282,21 @@ def _invariant_kernel(name: str, dtype: torch.dtype, device: torch.device, bf16_
         return "tiles"
     if device.type == "cpu" and (dtype == torch.bfloat16 or bf16_weights) and gemm.f32_available():
         return FIXED  # NOTE: AVX2: the fp32 kernel, its batches padded (gemm.linear_fixed)
-    raise ValueError(f"--deterministic runs bf16 linear weights on the CPU kernels (--dtype bfloat16, or auto "
-                     f"on AVX2), not {dtype} {'on a CPU without them' if device.type == 'cpu' else device.type}")
+    if device.type != "cpu":
+        raise ValueError(f"--deterministic runs on a CPU or CUDA, not {device.type}")
+    if dtype != torch.bfloat16 and not bf16_weights:
+        raise ValueError(f"--deterministic on a CPU runs bf16 linear weights (--dtype bfloat16, or auto on AVX2): "
+                         f"the CPU kernels have no batch-invariant form for {dtype} weights")
+    raise ValueError("--deterministic on a CPU runs the C++ linear kernels (AVX2 and FMA at least), "
+                     "which this CPU lacks or which did not build")
 
 
 def pack(w: torch.Tensor, kernel: str = "onednn") -> PackedWeight | gemm.TiledWeight | HybridWeight:
     """``w`` in ``kernel``'s form; the tiles take column pairs, so an odd-width weight goes to oneDNN."""
     if kernel == FIXED:
         return FixedWeight(gemm.pack(w, gemm.F32_TILE))  # NOTE: every weight: no oneDNN fallback here
+    if kernel == TRITON_FIXED:
+        return InvariantWeight(w.contiguous())
     if kernel in ("tiles", HYBRID) and w.shape[1] % 2 == 0:
         tiles = gemm.pack(w, gemm.tile_for(w.dtype))
         if kernel == "tiles":
@@ -306,9 +332,13 @@ def pack_weights(w: ModelWeights, kernel: str = "onednn") -> None:
     w.lm_head = pack(w.lm_head, kernel)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight | gemm.TiledWeight | HybridWeight | FixedWeight,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor | PackedWeight | gemm.TiledWeight | HybridWeight | FixedWeight
+           | InvariantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` over a plain or a packed weight."""
+    if isinstance(w, InvariantWeight):
+        from libs.kernels import triton_matmul  # NOTE: lazily: CPU workers never import Triton
+
+        return triton_matmul.linear(x, w.weight, bias)
     if isinstance(w, HybridWeight):
         w = w.dense if x.shape[0] >= HYBRID_ROWS else w.tiles
     if isinstance(w, FixedWeight):

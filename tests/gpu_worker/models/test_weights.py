@@ -126,8 +126,13 @@ def test_deterministic_takes_a_batch_invariant_form_or_refuses(monkeypatch):
     monkeypatch.setattr(gemm, "available", lambda: False)  # AVX2: the fp32 kernel, padded
     assert linear_kernel("auto", torch.bfloat16, CPU, deterministic=True) == weights.FIXED
     assert linear_kernel("auto", torch.float32, CPU, bf16_weights=True, deterministic=True) == weights.FIXED
-    with pytest.raises(ValueError, match="--deterministic"):  # fp32 weights: no invariant kernel for them
+    with pytest.raises(ValueError, match="no batch-invariant form for torch.float32"):  # fp32: no CPU form
         linear_kernel("auto", torch.float32, CPU, deterministic=True)
+    cuda = torch.device("cuda")  # NOTE: the choice only; tests/kernels/test_triton_invariance.py runs the kernel
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert linear_kernel("auto", dtype, cuda, deterministic=True) == weights.TRITON_FIXED
+    with pytest.raises(ValueError, match="is a CPU kernel"):
+        linear_kernel("tiles", torch.bfloat16, cuda, deterministic=True)
     monkeypatch.setattr(gemm, "f32_available", lambda: False)
     with pytest.raises(ValueError, match="--deterministic"):
         linear_kernel("auto", torch.bfloat16, CPU, deterministic=True)
