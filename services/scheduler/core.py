@@ -66,6 +66,8 @@ class SchedulerCore:
         self.needs_result = False  # the last next_batch waits for the step in flight
         self.steps = 0
         self.generated = self.finished = 0
+        self._pruned_at = 0  # ``finished`` at the last prune of ``running``
+        self._aborting: set[Req] = set()  # aborted, not ended yet (``_reap_aborted`` ends those running)
         self.batch_sizes: Counter[int] = Counter()
         self._by_rid: dict[str, Req] = {}
         self._early_aborts: OrderedDict[str, bool] = OrderedDict()
@@ -135,6 +137,7 @@ class SchedulerCore:
                 self._early_aborts.popitem(last=False)
             return False
         req.aborted = True
+        self._aborting.add(req)
         if req.transfer is not None:
             self.decode.abort(req)
         elif req in self.waiting:
@@ -176,7 +179,7 @@ class SchedulerCore:
             step.copied = sum(len(c.src) for c in batch.copies)
         batch.copies += imports
         step.launch()
-        for item in step.items:
+        for item in () if step.decode_only else step.items:
             if not item.decode:  # NOTE: shareable now: any step sent later reads it after it is written
                 self.cache.commit(item.req)
         self.inflight.append(step)
@@ -198,8 +201,12 @@ class SchedulerCore:
         if step is None or len(result.next_token_ids) != len(step.items) \
                 or len(result.logprobs) != sum(counts):
             raise errors.internal("worker result does not match the step it answers")
+        if step.decode_only and not counts:
+            self._apply_decodes(step, result.next_token_ids)
+            return step
         decoded = False
         lp_at = np.cumsum([0, *counts]).tolist() if counts else []
+        append = self._append
         for i, (item, token) in enumerate(zip(step.items, result.next_token_ids)):
             req = item.req
             req.ahead -= item.samples
@@ -212,15 +219,34 @@ class SchedulerCore:
                 self._finish(req, "abort")
             elif not item.samples:
                 continue  # a prefill chunk (cached when sent)
-            elif req.remaining_tokens <= 0:
+            elif req.sampling.max_new_tokens <= len(req.output_ids):
                 self._finish(req, "length")  # max_new_tokens 0: prefill only, now cached
             else:
                 decoded |= item.tokens == 1
-                self._append(req, token)
+                append(req, token)
         if decoded:
             self.planner.decoded()
         self._prune()
         return step
+
+    def _apply_decodes(self, step: Step, tokens: list[int]) -> None:
+        """``complete`` of a decode-only step with no logprobs (most steps): each
+        request's one token, in a short pass (what the general loop does for a decode)."""
+        append, finish = self._append, self._finish
+        for item, token in zip(step.items, tokens):
+            req = item.req
+            req.ahead -= 1
+            if req.finish_reason is not None:
+                continue  # it ended while this step ran (a stop, an abort): token dropped
+            if req.aborted:
+                finish(req, "abort")
+            elif req.sampling.max_new_tokens <= len(req.output_ids):
+                finish(req, "length")
+            else:
+                append(req, token)
+        if step.items:
+            self.planner.decoded()
+        self._prune()
 
     def fail_all(self, error: ErrorInfo) -> None:
         """The worker is gone: every request ends with ``error``."""
@@ -270,23 +296,33 @@ class SchedulerCore:
         self.planner.cached_tokens += req.cached_tokens
 
     def _append(self, req: Req, token: int) -> None:
+        """One sampled token of ``req``: it ends it, or goes out in a delta (or waits
+        for the next one, --stream-interval). NOTE: once per request per decode step:
+        the common case reads a few attributes and builds one TokenDelta, nothing more."""
         if req.handoff is not None:  # NOTE: the decode worker emits it, not us
             self.prefill.sampled_first(req, token)
             return
-        req.output_ids.append(token)
+        out = req.output_ids
+        out.append(token)
         self.generated += 1
-        reason = self._finish_reason(req, token)
-        if reason:
-            self._finish(req, reason)
+        ends = req.ends or self._ends(req)
+        n = len(out)
+        if n >= ends[1] or token in ends[0]:
+            self._finish(req, "length" if token not in ends[0] else "stop")
             return
-        if req.streamed and len(req.output_ids) - req.sent < self.config.stream_interval:
+        sent = req.sent
+        if req.streamed and n - sent < self.config.stream_interval:
             return  # NOTE: --stream-interval: held for the next delta
         req.streamed = True
+        req.sent = n
+        lp = req.lp_pending
+        if lp is not None:
+            req.lp_pending = None
         # NOTE: cached_tokens on every delta: a stop string may end the stream before our finish
         self._out.append((req.detok_instance, TokenDelta(
-            rid=req.rid, pos=req.sent, token_ids=self._unsent(req), cached_tokens=req.cached_tokens,
-            cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,
-            logprobs=pop_logprobs(req))))
+            rid=req.rid, pos=sent, token_ids=[token] if n - sent == 1 else out[sent:],
+            cached_tokens=req.cached_tokens, cached_host_tokens=req.cached_host_tokens,
+            cached_store_tokens=req.cached_store_tokens, logprobs=lp)))
 
     @staticmethod
     def _unsent(req: Req) -> list[int]:
@@ -294,26 +330,30 @@ class SchedulerCore:
         req.sent = len(req.output_ids)
         return ids
 
-    def _finish_reason(self, req: Req, token: int) -> str | None:
-        s, out = req.sampling, len(req.output_ids)  # NOTE: once per token: no properties
-        if s.stop_token_ids and token in s.stop_token_ids:
-            return "stop"
-        if not s.ignore_eos and token in self.eos:
-            return "stop"
-        if out >= s.max_new_tokens or len(req.input_ids) + out >= self.info.max_model_len:
-            return "length"
-        return None
+    def _ends(self, req: Req) -> tuple[frozenset[int], int]:
+        """(the tokens that stop ``req``, the output length that ends it): asked once per
+        request, kept on it (its prompt and sampling do not change)."""
+        s = req.sampling
+        stops = frozenset(s.stop_token_ids or ()) | (frozenset() if s.ignore_eos else self.eos)
+        req.ends = (stops, min(s.max_new_tokens, self.info.max_model_len - len(req.input_ids)))
+        return req.ends
 
     def _reap_aborted(self) -> None:
+        if not self._aborting:
+            return self._prune()  # NOTE: no scan of the batch while nothing was aborted
         for req in [r for r in self.running if r.aborted]:
             self._finish(req, "abort")
         self._prune()
 
     def _prune(self) -> None:
+        if self.finished == self._pruned_at:
+            return  # NOTE: every end counts in ``finished``: none since the last prune
+        self._pruned_at = self.finished
         self.running[:] = [r for r in self.running if r.finish_reason is None]
 
     def _finish(self, req: Req, reason: str) -> None:
         req.finish_reason = reason
+        self._aborting.discard(req)
         self.planner.drop(req)
         self._by_rid.pop(req.rid, None)
         self.finished += 1

@@ -105,7 +105,7 @@ class DecodeBook:
             return False
         cache.admit(req)
         try:
-            req.kv.slots.append(cache.alloc(req.prompt_len - req.kv_len))
+            req.kv.add(cache.alloc(req.prompt_len - req.kv_len))
         except OutOfSlots:
             cache.release(req)
             return False

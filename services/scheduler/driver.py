@@ -107,9 +107,11 @@ class StepDriver:
             except ServiceError as exc:
                 await self._lost(oldest.number, exc)
             self._account(result.forward_ms / 1e3)
-            if oldest.items:  # NOTE: not a copy-only step
-                self.rates.measure([item.tokens for item in oldest.items],
-                                   (result.forward_ms - result.copy_ms) / 1e3)
+            seconds = (result.forward_ms - result.copy_ms) / 1e3
+            if oldest.decode_only and oldest.items:  # NOTE: no list of ones per step
+                self.rates.measure_decodes(len(oldest.items), seconds)
+            elif oldest.items:  # NOTE: not a copy-only step
+                self.rates.measure([item.tokens for item in oldest.items], seconds)
             self.rates.copied(oldest.copied, result.copy_ms / 1e3)
             self.tracer.step_done(self.core.complete(result))
 

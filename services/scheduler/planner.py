@@ -62,7 +62,7 @@ class Planner:
             self._retract(step, victim)
             if victim in decode:
                 decode.remove(victim)
-        step.items = [StepItem(r, 1, decode=True) for r in decode]
+        step.items = [StepItem(r, 1, True) for r in decode]
         used, budget = len(decode), self.config.chunked_prefill_size
         prefilling = [] if len(decode) == len(self.running) else [r for r in self.running if not r.decoding]
         for req in prefilling:  # unfinished prefills first
@@ -72,6 +72,7 @@ class Planner:
                 used, budget = used + n, budget - n
         if not step.retracted:
             used = self._admit(step, used, budget)
+        step.decode_only = used == len(decode)  # NOTE: no prefill item (each has tokens > 0)
         if step.items:
             self._allocate(step, used)
         return step
@@ -179,9 +180,14 @@ class Planner:
 
     def _allocate(self, step: Step, total: int) -> None:
         step.slots = self.cache.alloc(total)
+        if step.decode_only:  # NOTE: one slot each, the same order
+            step.slot_ids = step.slots.tolist()
+            for item, slot in zip(step.items, step.slot_ids):
+                item.req.kv.decoded.append(slot)
+            return
         start = 0
         for item in step.items:
-            item.req.kv.slots.append(step.slots[start : start + item.tokens])
+            item.req.kv.add(step.slots[start : start + item.tokens])
             start += item.tokens
 
 

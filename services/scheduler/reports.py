@@ -96,7 +96,11 @@ class StepRates:
             rate = prefill / max(seconds, 1e-6)
             self.prefill_tps = rate if not self.prefill_tps else 0.8 * self.prefill_tps + 0.2 * rate
         elif not prefill and extend_lens:
-            self.decode_step_s = (seconds if not self.decode_step_s
-                                  else 0.8 * self.decode_step_s + 0.2 * seconds)
-            self.decode.add(len(extend_lens), seconds)
+            self.measure_decodes(len(extend_lens), seconds)
+
+    def measure_decodes(self, rows: int, seconds: float) -> None:
+        """A decode-only step of ``rows`` requests took ``seconds``."""
+        self.decode_step_s = (seconds if not self.decode_step_s
+                              else 0.8 * self.decode_step_s + 0.2 * seconds)
+        self.decode.add(rows, seconds)
 

@@ -38,8 +38,22 @@ class KVHold:
     tree_len: int = 0  # positions [0, tree_len) are in the tree
     node: object | None = None  # the tree node it locks (covers [0, tree_len))
     dup_slots: list[np.ndarray] = field(default_factory=list)  # own copies of tree pages
+    # NOTE: decode steps' slots (one each), after ``slots``: an int per step is cheaper than
+    # an array; folded into ``slots`` by ``add`` and ``all_slots``
+    decoded: list[int] = field(default_factory=list)
+
+    def add(self, slots: np.ndarray) -> None:
+        """The slots of the next positions."""
+        self._fold()
+        self.slots.append(slots)
+
+    def _fold(self) -> None:
+        if self.decoded:
+            self.slots.append(np.array(self.decoded, dtype=np.int64))
+            self.decoded = []
 
     def all_slots(self) -> np.ndarray:
+        self._fold()
         if not self.slots:
             return np.empty(0, dtype=np.int64)
         if len(self.slots) > 1:
@@ -114,6 +128,8 @@ class Req:
     transfer: Transfer | None = None  # its prompt's KV comes from a prefill worker (decode side)
     sent: int = field(default=0, init=False)  # of output_ids: those in a delta already (or replayed)
     streamed: bool = field(default=False, init=False)  # this submission sent a token delta
+    # (tokens that stop it, output length that ends it): set by the core at its first token
+    ends: tuple[frozenset[int], int] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.sent = len(self.output_ids)  # NOTE: a resumed request's output went out before

@@ -18,7 +18,7 @@ from libs.protocol.messages import ForwardBatch, NewRow
 from .request import Req
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class StepItem:
     req: Req
     tokens: int  # tokens this step computes for ``req``
@@ -47,9 +47,13 @@ class Step:
     copied: int = 0  # tokens of KV its copies move (host tier: down or back up)
     logprobs: bool = False  # some item's request wants logprobs (set by to_batch)
     pending: object | None = None  # the transport's handle on the reply (a future)
+    decode_only: bool = False  # every item is a decode the planner chose (set by the planner)
+    slot_ids: list[int] | None = None  # ``slots`` as a list (decode-only steps: the planner made it)
 
     def to_batch(self, number: int) -> ForwardBatch:
         self.number = number
+        if self.decode_only:
+            return self._decode_batch(number)
         rows, prefix, extend, ids, new_rows = [], [], [], [], []
         for item in self.items:
             req, n = item.req, item.tokens
@@ -76,9 +80,44 @@ class Step:
             batch.top_logprobs_num = [item.req.sampling.top_logprobs_num for item in self.items]
         return batch
 
+    def _decode_batch(self, number: int) -> ForwardBatch:
+        """``to_batch`` of a decode-only step (most steps): one token per request, each
+        request's last sampled token (-1: the step in flight samples it) as its input.
+        NOTE: one short pass per request: this runs every step for the whole batch."""
+        rows, prefix, ids, new_rows = [], [], [], []
+        for item in self.items:
+            req = item.req
+            k = item.prefix_len = req.kv_len
+            rows.append(req.row)
+            prefix.append(k)
+            ids.append(-1 if req.ahead else req.output_ids[-1])
+            if req.lp_next >= 0:
+                item.lp_window = logprob_window(req, 1)
+                self.logprobs = True
+            if req.new_row:
+                req.new_row = False
+                new_rows.append(new_row(req))
+        batch = ForwardBatch(step=number, new_rows=new_rows, rows=rows, prefix_lens=prefix,
+                             extend_lens=[1] * len(rows), input_ids=ids,
+                             out_slots=self.slots.tolist() if self.slot_ids is None else self.slot_ids)
+        if self.logprobs and any(item.lp_count for item in self.items):
+            windows = [item.lp_window for item in self.items]
+            batch.logprob_from, batch.logprob_count, batch.logprob_next = map(list, zip(*windows))
+            batch.top_logprobs_num = [item.req.sampling.top_logprobs_num for item in self.items]
+        return batch
+
     def launch(self) -> None:
         """The step is sent: its KV positions count as written (later steps run
         after it), its sampled tokens as ``ahead``, its logprobs as reported."""
+        if self.decode_only and not self.logprobs:
+            # NOTE: a decode (kv_len == fill_len - 1 + ahead) always samples: no
+            # logprobs to place, one position written, one token ahead
+            for item in self.items:
+                req = item.req
+                req.kv_len += 1
+                req.ahead += 1
+                item.samples = True
+            return
         for item in self.items:
             req = item.req
             take = req.lp_next >= 0 and (item.lp_count > 0 or req.lp_next == 0)
