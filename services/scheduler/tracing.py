@@ -118,26 +118,30 @@ class StepTracer:
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self.traces: dict[str, RequestTrace] = {}
+        self.queued: set[str] = set()  # traced requests whose queue span is open (not admitted)
 
     def submitted(self, req: Req) -> None:
         """Call inside the submit handler: a sampled trace there makes ``req`` traced."""
         if trace.get_current_span().is_recording():
             self.traces[req.rid] = RequestTrace(req, otel_context.get_current(), self.worker_id)
+            self.queued.add(req.rid)
 
     def step_started(self, step: "Step") -> Context | None:
         """Admissions, retractions and prefill chunks of the step about to be sent;
         returns the context to send it in (a traced chunk's), or None."""
-        if not self.traces:
-            return None
+        if not self.traces or (step.decode_only and not step.retracted and not self.queued):
+            return None  # NOTE: nothing to admit, retract or chunk: no pass over the requests
         for req in step.retracted:
             if (t := self.traces.get(req.rid)) is not None:
                 t.retracted(req)
+                self.queued.add(req.rid)
         parent = None
         for item in step.items:
             if (t := self.traces.get(item.req.rid)) is None:
                 continue
             if t.queue is not None:
                 t.admitted(item.prefix_len, item.req.cached_host_tokens, item.req.cached_store_tokens)
+                self.queued.discard(item.req.rid)
             if not item.decode:
                 chunk = t.prefill(item.prefix_len, item.tokens, step.number)
                 parent = parent or trace.set_span_in_context(chunk)
@@ -154,6 +158,7 @@ class StepTracer:
             t.step_done(req, prefill=not item.decode)
             if req.finish_reason is not None:
                 del self.traces[req.rid]
+                self.queued.discard(req.rid)
                 t.finish(req.finish_reason, len(req.output_ids), req.cached_tokens, req.error)
 
     def finished(self, deltas: list[tuple[str, TokenDelta]]) -> None:
@@ -167,5 +172,6 @@ class StepTracer:
     def ended(self, rid: str, reason: str, completion_tokens: int = 0, cached_tokens: int = 0,
               error=None) -> None:
         """A request ended (also one that emits no deltas: a prefill for a decode worker)."""
+        self.queued.discard(rid)
         if (t := self.traces.pop(rid, None)) is not None:
             t.finish(reason, completion_tokens, cached_tokens, error)

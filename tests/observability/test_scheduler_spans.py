@@ -75,6 +75,9 @@ def test_queue_prefill_decode_and_retraction_spans(exporter):
         retracted = sum(e.name == "retracted" for e in root.events)
         retractions += retracted
         assert kinds.count("scheduler.queue") == 1 + retracted
+        # each queue span ends at its admission (a resumed request's may be a decode-only
+        # step, which the tracer otherwise skips), not at the finish
+        assert all("radixmesh.cached_tokens" in s.attributes for s in children if s.name == "scheduler.queue")
         assert kinds.count("scheduler.decode") == 1 + retracted
         assert kinds.count("scheduler.prefill") >= 3  # 40 tokens in 16-token chunks (a resume
         # finds prompt + output in the cache: it goes straight back to decoding)
@@ -139,3 +142,19 @@ def test_the_queue_span_says_how_much_came_back_from_the_host_tier(exporter):
     assert queue.attributes["radixmesh.cached_host_tokens"] == 40  # r0's document, loaded back
     assert queue.attributes["radixmesh.cached_store_tokens"] == 0  # no store: nothing fetched
     assert queue.attributes["radixmesh.cached_tokens"] == 40
+
+
+def test_a_request_admitted_on_a_decode_only_step_ends_its_queue_span_there(exporter):
+    """A decode worker's request arrives with its prompt's KV (prefill/decode): its first step
+    is a decode. The tracer skips decode-only steps only while no traced request waits."""
+    from services.scheduler.step import Step, StepItem
+
+    tracer = StepTracer("w")
+    with exporter.tracer.start_as_current_span("submit"):
+        tracer.submitted(req := request(0))
+    tracer.step_started(Step(items=[StepItem(req, 1, decode=True, prefix_len=40)], decode_only=True))
+    queue = [s for s in exporter.get_finished_spans() if s.name == "scheduler.queue"]
+    assert len(queue) == 1 and queue[0].attributes["radixmesh.cached_tokens"] == 40
+    assert not tracer.queued
+    # later decode-only steps take no pass over the requests and start no span
+    assert tracer.step_started(Step(items=[StepItem(req, 1, decode=True)], decode_only=True)) is None
