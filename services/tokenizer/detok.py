@@ -32,6 +32,8 @@ from typing import Any, NamedTuple, Sequence
 
 from libs.grammar.token_texts import piece_bytes
 
+from .byte_table import byte_table
+
 REPLACEMENT = "\ufffd"
 MAX_PREFIX = 4  # tokens in a prefix window kept from the last step before it moves up
 _NO_WINDOW = object()  # a state with nothing to decode this step
@@ -55,6 +57,8 @@ class DecodeState:
     stopped: bool = False
     # characters of upcoming text the client already has (a resumed request)
     skip: int = 0
+    # bytes of tokens not emitted yet (byte-level tokenizers: see Detokenizer._bytes_step)
+    pending: bytes = b""
 
 
 class StepResult(NamedTuple):
@@ -69,13 +73,16 @@ _STOPPED = StepResult("", True)
 class Detokenizer:
     """Turns per-step token ids of many requests into text deltas."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, byte_level: bool = True) -> None:
         # NOTE: a `tokenizers.Tokenizer` is used directly when there is one (one
         # Rust call per batch); otherwise the HF tokenizer's batch_decode.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._hf = tokenizer
         self._special = frozenset(_special_ids(tokenizer, self._backend))
         self._raw: Any = None  # piece -> bytes, built on first use (False: none)
+        # NOTE: byte-level BPE: every token's bytes fixed, so no decode call and no window
+        # (``byte_level=False``: always windows, as for every other decoder)
+        self._bytes = byte_table(self._backend) if byte_level else None
 
     def step(
         self,
@@ -88,6 +95,8 @@ class Detokenizer:
         Returns one StepResult per state. A state that matched a stop string is
         done: later calls return empty text for it.
         """
+        if self._bytes is not None:
+            return self._bytes_step(states, new_ids, finish)
         fulls = self._decode_windows(states, new_ids, finish)
         out: list[StepResult] = []
         for i, st in enumerate(states):
@@ -95,6 +104,36 @@ class Detokenizer:
                 out.append(_STOPPED)
                 continue
             res = _advance(st, fulls.get(i, _NO_WINDOW), finish[i])
+            out.append(_skip(st, res) if st.skip else res)
+        return out
+
+    def _bytes_step(
+        self, states: Sequence[DecodeState], new_ids: Sequence[Sequence[int]], finish: Sequence[bool],
+    ) -> list[StepResult]:
+        """:meth:`step` for byte-level tokenizers: the pending bytes' lossy UTF-8 text is
+        emitted once it does not end in U+FFFD, as a window's text would be."""
+        table, special, out = self._bytes, self._special, []
+        for st, ids, fin in zip(states, new_ids, finish):
+            if st.stopped:
+                out.append(_STOPPED)
+                continue
+            st.num_tokens += len(ids)
+            if st.skip_special_tokens and not special.isdisjoint(ids):
+                ids = [t for t in ids if t not in special]
+            st.output_ids.extend(ids)
+            try:
+                buf = st.pending + (table[ids[0]] if len(ids) == 1 else b"".join([table[t] for t in ids]))
+            except KeyError:
+                st.stopped = True
+                out.append(StepResult("", False, "could not decode the generated token ids"))
+                continue
+            delta = ""
+            if buf:
+                text = buf.decode("utf-8", "replace")
+                if fin or not text.endswith(REPLACEMENT):
+                    delta, buf = text, b""
+            st.pending = buf
+            res = StepResult(delta, False) if not st.stop and not st.held else _apply_stop(st, delta, fin)
             out.append(_skip(st, res) if st.skip else res)
         return out
 
