@@ -123,10 +123,12 @@ class Detokenizer:
             st.output_ids.extend(ids)
             try:
                 buf = st.pending + (table[ids[0]] if len(ids) == 1 else b"".join([table[t] for t in ids]))
-            except KeyError:
-                st.stopped = True
-                out.append(StepResult("", False, "could not decode the generated token ids"))
-                continue
+            except KeyError:  # NOTE: ids past the vocabulary decode to nothing, as decode leaves them out
+                if not all(0 <= t < 2**32 for t in ids):  # not token ids at all: decode raises
+                    st.stopped = True
+                    out.append(StepResult("", False, "could not decode the generated token ids"))
+                    continue
+                buf = st.pending + b"".join([table.get(t, b"") for t in ids])
             delta = ""
             if buf:
                 text = buf.decode("utf-8", "replace")

@@ -86,7 +86,8 @@ def test_byte_path_emits_the_same_deltas_as_windows(tokenizer, skip):
     rng = random.Random(77 + skip)
     for _ in range(300):
         n = rng.randint(1, 40)
-        ids = [rng.randrange(len(tokenizer)) if rng.random() > 0.1 else rng.randrange(17) for _ in range(n)]
+        # NOTE: ids past the vocabulary (a model's padded embedding) decode to nothing
+        ids = [rng.randrange(len(tokenizer) + 64) if rng.random() > 0.1 else rng.randrange(17) for _ in range(n)]
         chunks = [rng.randint(1, 3) for _ in range(n)]
         stop = ["".join(rng.choice("etaoin ") for _ in range(rng.randint(1, 3)))] if rng.random() < 0.3 else []
         assert feed(fast, ids, chunks, stop, skip) == feed(slow, ids, chunks, stop, skip), ids
