@@ -13,7 +13,9 @@ of one step are decoded in one ``decode_batch`` call per skip_special_tokens fla
 After text is emitted the decoded window becomes the next prefix window (its text
 is known), so a step decodes one window per request; only when that window passed
 ``MAX_PREFIX`` tokens does the prefix move up to the read offset, and its text is
-decoded once more the next step.
+decoded once more the next step. A byte-level BPE tokenizer (``byte_table.py``) needs
+no window: each request keeps the bytes of its tokens not emitted yet, and their lossy
+UTF-8 text is the text a window would give (a test runs both paths side by side).
 
 NOTE: text is emitted only when the decoded window does not end in U+FFFD, so a
 multi-byte character split across tokens is never emitted half; at finish
