@@ -10,6 +10,12 @@ Per step the text of ``ids[prefix_offset:]`` minus the text of
 a few tokens long whatever the output length, and context-dependent decoders
 (SentencePiece's leading space) see the token before the new ones. All windows
 of one step are decoded in one ``decode_batch`` call per skip_special_tokens flag.
+After text is emitted the decoded window becomes the next prefix window (its text
+is known), so a step decodes one window per request; only when that window passed
+``MAX_PREFIX`` tokens does the prefix move up to the read offset, and its text is
+decoded once more the next step. A byte-level BPE tokenizer (``byte_table.py``) needs
+no window: each request keeps the bytes of its tokens not emitted yet, and their lossy
+UTF-8 text is the text a window would give (a test runs both paths side by side).
 
 NOTE: text is emitted only when the decoded window does not end in U+FFFD, so a
 multi-byte character split across tokens is never emitted half; at finish
@@ -28,7 +34,11 @@ from typing import Any, NamedTuple, Sequence
 
 from libs.grammar.token_texts import piece_bytes
 
+from .byte_table import byte_table
+
 REPLACEMENT = "\ufffd"
+MAX_PREFIX = 4  # tokens in a prefix window kept from the last step before it moves up
+_NO_WINDOW = object()  # a state with nothing to decode this step
 
 
 @dataclass(eq=False)
@@ -49,6 +59,8 @@ class DecodeState:
     stopped: bool = False
     # characters of upcoming text the client already has (a resumed request)
     skip: int = 0
+    # bytes of tokens not emitted yet (byte-level tokenizers: see Detokenizer._bytes_step)
+    pending: bytes = b""
 
 
 class StepResult(NamedTuple):
@@ -57,16 +69,22 @@ class StepResult(NamedTuple):
     error: str | None = None  # the ids could not be decoded
 
 
+_STOPPED = StepResult("", True)
+
+
 class Detokenizer:
     """Turns per-step token ids of many requests into text deltas."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, byte_level: bool = True) -> None:
         # NOTE: a `tokenizers.Tokenizer` is used directly when there is one (one
         # Rust call per batch); otherwise the HF tokenizer's batch_decode.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._hf = tokenizer
         self._special = frozenset(_special_ids(tokenizer, self._backend))
         self._raw: Any = None  # piece -> bytes, built on first use (False: none)
+        # NOTE: byte-level BPE: every token's bytes fixed, so no decode call and no window
+        # (``byte_level=False``: always windows, as for every other decoder)
+        self._bytes = byte_table(self._backend) if byte_level else None
 
     def step(
         self,
@@ -79,11 +97,49 @@ class Detokenizer:
         Returns one StepResult per state. A state that matched a stop string is
         done: later calls return empty text for it.
         """
-        windows = self._decode_windows(states, new_ids, finish)
-        return [
-            _skip(st, _advance(st, windows.get(i), fin)) if not st.stopped else StepResult("", True)
-            for i, (st, fin) in enumerate(zip(states, finish))
-        ]
+        if self._bytes is not None:
+            return self._bytes_step(states, new_ids, finish)
+        fulls = self._decode_windows(states, new_ids, finish)
+        out: list[StepResult] = []
+        for i, st in enumerate(states):
+            if st.stopped:
+                out.append(_STOPPED)
+                continue
+            res = _advance(st, fulls.get(i, _NO_WINDOW), finish[i])
+            out.append(_skip(st, res) if st.skip else res)
+        return out
+
+    def _bytes_step(
+        self, states: Sequence[DecodeState], new_ids: Sequence[Sequence[int]], finish: Sequence[bool],
+    ) -> list[StepResult]:
+        """:meth:`step` for byte-level tokenizers: the pending bytes' lossy UTF-8 text is
+        emitted once it does not end in U+FFFD, as a window's text would be."""
+        table, special, out = self._bytes, self._special, []
+        for st, ids, fin in zip(states, new_ids, finish):
+            if st.stopped:
+                out.append(_STOPPED)
+                continue
+            st.num_tokens += len(ids)
+            if st.skip_special_tokens and not special.isdisjoint(ids):
+                ids = [t for t in ids if t not in special]
+            st.output_ids.extend(ids)
+            try:
+                buf = st.pending + (table[ids[0]] if len(ids) == 1 else b"".join([table[t] for t in ids]))
+            except KeyError:  # NOTE: ids past the vocabulary decode to nothing, as decode leaves them out
+                if not all(0 <= t < 2**32 for t in ids):  # not token ids at all: decode raises
+                    st.stopped = True
+                    out.append(StepResult("", False, "could not decode the generated token ids"))
+                    continue
+                buf = st.pending + b"".join([table.get(t, b"") for t in ids])
+            delta = ""
+            if buf:
+                text = buf.decode("utf-8", "replace")
+                if fin or not text.endswith(REPLACEMENT):
+                    delta, buf = text, b""
+            st.pending = buf
+            res = StepResult(delta, False) if not st.stop and not st.held else _apply_stop(st, delta, fin)
+            out.append(_skip(st, res) if st.skip else res)
+        return out
 
     def prime(self, state: DecodeState, output_ids: Sequence[int], emitted_chars: int) -> None:
         """Start ``state`` (fresh) as if ``output_ids`` had been decoded and the
@@ -105,33 +161,42 @@ class Detokenizer:
     def _decode_windows(
         self, states: Sequence[DecodeState], new_ids: Sequence[Sequence[int]],
         finish: Sequence[bool],
-    ) -> dict[int, tuple[str | None, str | None]]:
-        """Decode (prefix window, full window) of every state that has work."""
-        jobs: dict[bool, list[tuple[int, str, list[int]]]] = {True: [], False: []}
-        for i, (st, ids, fin) in enumerate(zip(states, new_ids, finish)):
+    ) -> dict[int, str | None]:
+        """Append the new ids; decode the full window of every state that has work (and
+        its prefix window where that is not known: into ``prefix_text``, None if it
+        failed). Returns index -> full window text (None: it could not be decoded)."""
+        # per skip_special_tokens flag: keys (i: full window of states[i], ~i: its prefix) and windows
+        jobs: dict[bool, tuple[list[int], list[list[int]]]] = {True: ([], []), False: ([], [])}
+        special = self._special
+        for i, st in enumerate(states):
             if st.stopped:
                 continue
+            ids = new_ids[i]
             st.num_tokens += len(ids)
-            if st.skip_special_tokens and not self._special.isdisjoint(ids):
+            if st.skip_special_tokens and not special.isdisjoint(ids):
                 # NOTE: skipped tokens decode to nothing; leaving them out keeps a
                 # run of them (eos with ignore_eos) from widening the window.
-                ids = [t for t in ids if t not in self._special]
-            st.output_ids.extend(ids)
-            if not ids and not fin:
+                ids = [t for t in ids if t not in special]
+            out_ids = st.output_ids
+            out_ids.extend(ids)
+            if not ids and not finish[i]:
                 continue
-            group = jobs[st.skip_special_tokens]
+            keys, seqs = jobs[st.skip_special_tokens]
             if st.prefix_text is None:
-                group.append((i, "prefix", st.output_ids[st.prefix_offset:st.read_offset]))
-            group.append((i, "full", st.output_ids[st.prefix_offset:]))
-        out: dict[int, tuple[str | None, str | None]] = {}
-        for skip, group in jobs.items():
-            if not group:
+                keys.append(~i)
+                seqs.append(out_ids[st.prefix_offset:st.read_offset])
+            keys.append(i)
+            seqs.append(out_ids[st.prefix_offset:])
+        fulls: dict[int, str | None] = {}
+        for skip, (keys, seqs) in jobs.items():
+            if not keys:
                 continue
-            texts = self._decode_many([seq for _, _, seq in group], skip)
-            for (i, kind, _), text in zip(group, texts):
-                prefix, full = out.get(i, (states[i].prefix_text, None))
-                out[i] = (text, full) if kind == "prefix" else (prefix, text)
-        return out
+            for k, text in zip(keys, self._decode_many(seqs, skip)):
+                if k >= 0:
+                    fulls[k] = text
+                else:
+                    states[~k].prefix_text = text
+        return fulls
 
     def token_texts(self, ids: Sequence[int]) -> list[str]:
         """The text of each token alone (special tokens kept), in one batch decode."""
@@ -183,22 +248,24 @@ def _special_ids(tokenizer: Any, backend: Any) -> list[int]:
     return list(getattr(tokenizer, "all_special_ids", []))
 
 
-def _advance(
-    st: DecodeState, window: tuple[str | None, str | None] | None, finish: bool
-) -> StepResult:
-    """Move one state's offsets given its decoded windows; apply stop strings."""
+def _advance(st: DecodeState, full: Any, finish: bool) -> StepResult:
+    """Move one state's offsets given its decoded full window; apply stop strings."""
     delta = ""
-    if window is not None:
-        prefix, full = window
+    if full is not _NO_WINDOW:
+        prefix = st.prefix_text
         if prefix is None or full is None:
             st.stopped = True
             return StepResult("", False, "could not decode the generated token ids")
         if len(full) > len(prefix) and (finish or not full.endswith(REPLACEMENT)):
             delta = full[len(prefix):]
-            st.prefix_offset, st.read_offset = st.read_offset, len(st.output_ids)
-            st.prefix_text = None
-        else:
-            st.prefix_text = prefix
+            end = len(st.output_ids)
+            if end - st.prefix_offset > MAX_PREFIX:
+                st.prefix_offset, st.prefix_text = st.read_offset, None
+            else:  # NOTE: the window just decoded is the next prefix window, its text known
+                st.prefix_text = full
+            st.read_offset = end
+    if not st.stop and not st.held:
+        return StepResult(delta, False)
     return _apply_stop(st, delta, finish)
 
 

@@ -95,26 +95,39 @@ class Streams:
         """Detokenize one scheduler step. Unknown rids (already finished) are ignored."""
         now = self._clock()
         out = StepOutput()
-        pairs = [(s, item) for item in batch.items
-                 if (s := self._streams.get(item.rid)) and self._in_order(s, item, out)]
+        streams = self._streams
+        pairs: list[tuple[Stream, TokenDelta]] = []
+        for item in batch.items:
+            s = streams.get(item.rid)
+            if s is not None and (item.pos == s.next_pos or self._in_order(s, item, out)):
+                s.next_pos += len(item.token_ids)
+                pairs.append((s, item))
         results = self._detok.step(
             [s.decode for s, _ in pairs],
             [item.token_ids for _, item in pairs],
             [item.finish_reason is not None for _, item in pairs],
         )
+        per_gateway = out.per_gateway
         for (stream, item), res in zip(pairs, results):
             stream.last_seen = now
             if stream.trace_ctx is not None and not stream.first_ns:
                 stream.first_ns = time.time_ns()
-            stream.cached_tokens = max(stream.cached_tokens, item.cached_tokens)
-            stream.cached_host_tokens = max(stream.cached_host_tokens, item.cached_host_tokens)
-            stream.cached_store_tokens = max(stream.cached_store_tokens, item.cached_store_tokens)
-            delta = self._delta(stream, item, res)
-            if delta is None:
-                continue
-            out.per_gateway.setdefault(stream.gateway, []).append(delta)
+            if item.cached_tokens:
+                _note_cached(stream, item)
+            if item.finish_reason is None and res.error is None and not res.stopped:
+                if not res.text and not item.token_ids:
+                    continue
+                lp = item.logprobs
+                delta = TextDelta(rid=stream.rid, text=res.text, token_ids=item.token_ids, pos=item.pos,
+                                  logprobs=None if lp is None else self._with_texts(lp))
+            else:
+                delta = self._final_delta(stream, item, res)
+            gateway_items = per_gateway.get(stream.gateway)
+            if gateway_items is None:
+                gateway_items = per_gateway[stream.gateway] = []
+            gateway_items.append(delta)
             if delta.finish_reason is not None:
-                del self._streams[stream.rid]
+                del streams[stream.rid]
                 if item.finish_reason is None:
                     out.aborts[stream.rid] = delta.finish_reason
                 if stream.trace_ctx is not None:
@@ -125,7 +138,6 @@ class Streams:
         """True: ``item`` is the stream's next delta. A repeat is dropped; a gap (a batch
         lost on the way) ends the stream with ``stream_gap`` so the gateway resumes it."""
         if item.pos < 0 or item.pos == stream.next_pos:
-            stream.next_pos += len(item.token_ids)
             return True
         if item.pos + len(item.token_ids) <= stream.next_pos and item.finish_reason is None:
             return False  # NOTE: all of it delivered before
@@ -136,17 +148,13 @@ class Streams:
             rid=stream.rid, text="", token_ids=[], finish_reason="error", error=gap.info(), pos=item.pos))
         return False
 
-    def _delta(self, stream: Stream, item: TokenDelta, res: StepResult) -> TextDelta | None:
+    def _final_delta(self, stream: Stream, item: TokenDelta, res: StepResult) -> TextDelta:
+        """The last delta of a stream: finished by the scheduler, a stop string or an error."""
         finish, error = item.finish_reason, item.error
         if res.error is not None and finish is None:
             finish, error = "error", ErrorInfo(code="internal_error", message=res.error)
-        elif res.stopped and finish is None:
+        elif finish is None:
             finish = "stop"
-        if finish is None:
-            if not res.text and not item.token_ids:
-                return None
-            return TextDelta(rid=stream.rid, text=res.text, token_ids=item.token_ids,
-                             logprobs=self._with_texts(item.logprobs), pos=item.pos)
         usage = Usage(
             prompt_tokens=item.prompt_tokens or stream.prompt_tokens,
             completion_tokens=item.completion_tokens or stream.decode.num_tokens,
@@ -174,6 +182,13 @@ class Streams:
             lp.token_bytes, rest_raw = raw[: len(lp.token_ids)], raw[len(lp.token_ids):]
             lp.top_bytes = [rest_raw[e - len(row) : e] for e, row in zip(ends, lp.top_ids)]
         return lp
+
+
+def _note_cached(stream: Stream, item: TokenDelta) -> None:
+    """The most prompt tokens any delta said were cached (by tier)."""
+    stream.cached_tokens = max(stream.cached_tokens, item.cached_tokens)
+    stream.cached_host_tokens = max(stream.cached_host_tokens, item.cached_host_tokens)
+    stream.cached_store_tokens = max(stream.cached_store_tokens, item.cached_store_tokens)
 
 
 def _detok_span(stream: Stream, finish_reason: str) -> None:

@@ -21,9 +21,20 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def detok(tokenizer) -> Detokenizer:
-    return Detokenizer(tokenizer)
+@pytest.fixture(scope="module", params=["bytes", "windows"])
+def detok(tokenizer, request) -> Detokenizer:
+    """Both paths of the byte-level default tokenizer: token bytes, and decoded windows."""
+    return Detokenizer(tokenizer, byte_level=request.param == "bytes")
+
+
+def test_byte_level_tokenizer_takes_the_byte_path(tokenizer):
+    assert Detokenizer(tokenizer)._bytes is not None
+    assert Detokenizer(byte_fallback_tokenizer())._bytes is None
+
+
+def window(detok, state) -> int:
+    """Tokens (windows) or bytes (byte path) a state keeps undecided."""
+    return len(state.pending) if detok._bytes is not None else len(state.output_ids) - state.prefix_offset
 
 
 def feed(detok, ids, chunks=None, stop=(), skip=True):
@@ -66,6 +77,20 @@ def test_random_token_sequences_concatenate_to_decode(detok, tokenizer, skip):
         results = feed(detok, ids, chunks, skip=skip)
         assert joined(results) == tokenizer.decode(ids, skip_special_tokens=skip), ids
         assert all(not r.text.endswith(REPLACEMENT) for r in results[:-1]), ids
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_byte_path_emits_the_same_deltas_as_windows(tokenizer, skip):
+    """Not only the same text in all: the same text at every step (the stream's chunks)."""
+    fast, slow = Detokenizer(tokenizer), Detokenizer(tokenizer, byte_level=False)
+    rng = random.Random(77 + skip)
+    for _ in range(300):
+        n = rng.randint(1, 40)
+        # NOTE: ids past the vocabulary (a model's padded embedding) decode to nothing
+        ids = [rng.randrange(len(tokenizer) + 64) if rng.random() > 0.1 else rng.randrange(17) for _ in range(n)]
+        chunks = [rng.randint(1, 3) for _ in range(n)]
+        stop = ["".join(rng.choice("etaoin ") for _ in range(rng.randint(1, 3)))] if rng.random() < 0.3 else []
+        assert feed(fast, ids, chunks, stop, skip) == feed(slow, ids, chunks, stop, skip), ids
 
 
 def test_skip_special_tokens(detok, tokenizer):
@@ -138,7 +163,7 @@ def test_windows_stay_short_for_long_outputs(detok, tokenizer):
     widest = 0
     for t in ids:
         detok.step([state], [[t]], [False])
-        widest = max(widest, len(state.output_ids) - state.prefix_offset)
+        widest = max(widest, window(detok, state))
     assert len(ids) > 1000 and widest <= 8
 
 
@@ -171,7 +196,7 @@ def test_runs_of_skipped_special_tokens_keep_windows_short(detok, tokenizer):
     ids = tokenizer.encode("Hi") + [tokenizer.eos_token_id] * 500 + tokenizer.encode(" there")
     text = "".join(r.text for r in (detok.step([state], [[t]], [False])[0] for t in ids))
     assert text == "Hi there" and state.num_tokens == len(ids)
-    assert len(state.output_ids) - state.prefix_offset <= 4
+    assert window(detok, state) <= 4
 
 
 def byte_fallback_tokenizer():

@@ -13,9 +13,9 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def detok(tokenizer) -> Detokenizer:
-    return Detokenizer(tokenizer)
+@pytest.fixture(scope="module", params=["bytes", "windows"])
+def detok(tokenizer, request) -> Detokenizer:
+    return Detokenizer(tokenizer, byte_level=request.param == "bytes")
 
 
 def run(detok, state, ids, finish_last=True):
