@@ -105,6 +105,7 @@ async def measure(stack: LocalStack, model: str, args: argparse.Namespace) -> di
         workers = await _workers(bus, Subjects(stack.config.subject_prefix), stack)
         probe = Probe(stack, bus, workers)
         await run_streams(stack.url, model, probe, make_prompts(4, args.prompt_tokens, 99), 16)  # warm-up
+        await settle(probe)
         idle = await quiet(probe, args.idle_s)
         out: dict[int, list[Reading]] = {b: [] for b in args.batches}
         for r in range(args.rounds):
@@ -117,6 +118,17 @@ async def measure(stack: LocalStack, model: str, args: argparse.Namespace) -> di
         return out
     finally:
         await bus.close()
+
+
+async def settle(probe: Probe, busy_ms_per_s: float = 50.0, limit_s: float = 60.0) -> None:
+    """Wait until no process uses more than ``busy_ms_per_s`` of CPU (a second tokenizer or
+    gateway may still be loading after the first answered: its start-up is no idle cost)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        spell = await quiet(probe, 0.5)
+        if all(v / spell.wall * 1e3 <= busy_ms_per_s for k, v in spell.cpu.items() if k != "client"):
+            return
+    print(f"note: the stack did not settle within {limit_s:.0f}s; idle costs may include start-up work")
 
 
 async def quiet(probe: Probe, seconds: float) -> Reading | None:
