@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/python -m pytest -ra "$@"
+exec .venv/bin/python -m pytest -ra --durations=40 "$@"

