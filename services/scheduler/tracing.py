@@ -6,7 +6,7 @@ are children of the submit's CONSUMER span, whichever step they happen in::
     scheduler.request     submit -> finish (prompt / cached / completion tokens)
       scheduler.queue     enqueue -> admission (again after a retraction)
       scheduler.prefill   one per chunk: step sent -> its result
-      scheduler.decode    first token -> finish; an event every TOKEN_EVENT_EVERY tokens
+      scheduler.decode    first token -> finish; a token-count event every TOKEN_EVENT_EVERY steps
 
 A step that prefills a traced request sends its ForwardBatch in that chunk's
 context, so the worker's spans join the request's trace; decode-only steps are
@@ -14,7 +14,9 @@ not traced (never a span per token). Retraction is an event on the request span
 that closes the running phase and opens a new queue span.
 
 NOTE: untraced requests cost nothing here (one dict check per step while no
-request is traced); a traced one costs O(1) per step.
+request is traced); a traced one costs O(1) per step where it is queued, prefilled or
+retracted, and on decode-only steps O(1) every TOKEN_EVENT_EVERY steps (its finish comes
+through its delta).
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ class RequestTrace:
         self.chunks.append(chunk)
         return chunk
 
-    def step_done(self, req: Req, prefill: bool) -> None:
+    def step_done(self, req: Req, prefill: bool, tick: bool = False) -> None:
+        """``tick``: a step the tracer visits every TOKEN_EVENT_EVERY steps: a token event
+        if any token came since the last one (the steps between may not be visited)."""
         if prefill and self.chunks:
             self.chunks.popleft().end()
         n = len(req.output_ids)
@@ -85,7 +89,7 @@ class RequestTrace:
             self.decode.add_event("resumed" if self.resumed else "first_token",
                                   {"radixmesh.completion_tokens": n})
             self.marked = n
-        elif n - self.marked >= TOKEN_EVENT_EVERY:
+        elif n - self.marked >= TOKEN_EVENT_EVERY or (tick and n > self.marked):
             self.decode.add_event("tokens", {"radixmesh.completion_tokens": n})
             self.marked = n
 
@@ -118,47 +122,55 @@ class StepTracer:
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self.traces: dict[str, RequestTrace] = {}
-        self.queued: set[str] = set()  # traced requests whose queue span is open (not admitted)
+        # traced requests not decoding yet (queued, prefilling, retracted): the only ones a
+        # decode-only step can change besides its token events (see step_started, step_done)
+        self.unsettled: set[str] = set()
 
     def submitted(self, req: Req) -> None:
         """Call inside the submit handler: a sampled trace there makes ``req`` traced."""
         if trace.get_current_span().is_recording():
             self.traces[req.rid] = RequestTrace(req, otel_context.get_current(), self.worker_id)
-            self.queued.add(req.rid)
+            self.unsettled.add(req.rid)
 
     def step_started(self, step: "Step") -> Context | None:
         """Admissions, retractions and prefill chunks of the step about to be sent;
         returns the context to send it in (a traced chunk's), or None."""
-        if not self.traces or (step.decode_only and not step.retracted and not self.queued):
+        if not self.traces or (step.decode_only and not step.retracted and not self.unsettled):
             return None  # NOTE: nothing to admit, retract or chunk: no pass over the requests
         for req in step.retracted:
             if (t := self.traces.get(req.rid)) is not None:
                 t.retracted(req)
-                self.queued.add(req.rid)
+                self.unsettled.add(req.rid)
         parent = None
         for item in step.items:
             if (t := self.traces.get(item.req.rid)) is None:
                 continue
             if t.queue is not None:
                 t.admitted(item.prefix_len, item.req.cached_host_tokens, item.req.cached_store_tokens)
-                self.queued.discard(item.req.rid)
             if not item.decode:
                 chunk = t.prefill(item.prefix_len, item.tokens, step.number)
                 parent = parent or trace.set_span_in_context(chunk)
         return parent
 
     def step_done(self, step: "Step") -> None:
-        """After the core applied a step's result."""
-        if not self.traces:
+        """After the core applied a step's result.
+
+        NOTE: a decode-only step with every traced request decoding is visited only every
+        TOKEN_EVENT_EVERY steps (for the token events): the requests it finishes end through
+        their deltas (``finished``), so the steps between cost no pass over the requests."""
+        tick = step.number % TOKEN_EVENT_EVERY == 0
+        if not self.traces or (step.decode_only and not tick and not self.unsettled):
             return
         for item in step.items:
             req = item.req
             if (t := self.traces.get(req.rid)) is None:
                 continue
-            t.step_done(req, prefill=not item.decode)
+            t.step_done(req, prefill=not item.decode, tick=tick)
+            if t.decode is not None:
+                self.unsettled.discard(req.rid)
             if req.finish_reason is not None:
                 del self.traces[req.rid]
-                self.queued.discard(req.rid)
+                self.unsettled.discard(req.rid)
                 t.finish(req.finish_reason, len(req.output_ids), req.cached_tokens, req.error)
 
     def finished(self, deltas: list[tuple[str, TokenDelta]]) -> None:
@@ -172,6 +184,6 @@ class StepTracer:
     def ended(self, rid: str, reason: str, completion_tokens: int = 0, cached_tokens: int = 0,
               error=None) -> None:
         """A request ended (also one that emits no deltas: a prefill for a decode worker)."""
-        self.queued.discard(rid)
+        self.unsettled.discard(rid)
         if (t := self.traces.pop(rid, None)) is not None:
             t.finish(reason, completion_tokens, cached_tokens, error)

@@ -155,6 +155,6 @@ def test_a_request_admitted_on_a_decode_only_step_ends_its_queue_span_there(expo
     tracer.step_started(Step(items=[StepItem(req, 1, decode=True, prefix_len=40)], decode_only=True))
     queue = [s for s in exporter.get_finished_spans() if s.name == "scheduler.queue"]
     assert len(queue) == 1 and queue[0].attributes["radixmesh.cached_tokens"] == 40
-    assert not tracer.queued
+    assert tracer.unsettled == {"r0"}  # admitted, not decoding yet
     # later decode-only steps take no pass over the requests and start no span
     assert tracer.step_started(Step(items=[StepItem(req, 1, decode=True)], decode_only=True)) is None
