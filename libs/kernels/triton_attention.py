@@ -25,30 +25,22 @@ from .triton_utils import INTERPRETED, cast, dot, dot_precision
 
 
 @triton.jit
-def _decode_split_kernel(
-    Q, K, V, Tok, KvIndptr, KvIndices, MidO, MidLse,
-    scale, num_splits, window,
+def _attend_keys(
+    Q, K, V, KvIndices, q_row, kv_start, lo, hi, kh, scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
-    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INTERP: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    b, kh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    kv_start = tl.load(KvIndptr + b)
-    seq = tl.load(KvIndptr + b + 1) - kv_start
-    first = tl.where(window > 0, tl.maximum(seq - window, 0), 0)  # the window's first key
-    split_len = tl.cdiv(seq - first, num_splits)
-    lo = first + sp * split_len
-    hi = tl.minimum(lo + split_len, seq)
-
+    """One GQA group's query heads (row ``q_row`` of Q, kv head ``kh``) over keys lo..hi-1 of
+    a request whose slots start at ``kv_start``, in blocks of BLOCK_N keys: the normalised
+    partial output and its log-sum-exp (-inf for an empty split: it weighs nothing in a merge)."""
     offs_g = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mask_g, mask_d = offs_g < GROUP, offs_d < HEAD_DIM
     heads = kh * GROUP + offs_g
-    tok = tl.load(Tok + b)
     q = tl.load(
-        Q + tok * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        Q + q_row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
         mask=mask_g[:, None] & mask_d[None, :], other=0.0,
     )
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -69,13 +61,42 @@ def _decode_split_kernel(
         v = tl.load(V + slots[:, None] * stride_vs + kh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + dot(cast(p, v.dtype, INTERP), v, INTERP, PRECISION)
         m_i = m_new
-
-    # NOTE: an empty split (short request) writes lse = -inf and weighs nothing in the merge
     has = l_i > 0
     l_safe = tl.where(has, l_i, 1.0)
     lse = tl.where(has, m_i + tl.log(l_safe), float("-inf"))
+    return acc / l_safe[:, None], lse
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, Tok, KvIndptr, KvIndices, MidO, MidLse,
+    scale, num_splits, window,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INTERP: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b, kh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kv_start = tl.load(KvIndptr + b)
+    seq = tl.load(KvIndptr + b + 1) - kv_start
+    first = tl.where(window > 0, tl.maximum(seq - window, 0), 0)  # the window's first key
+    split_len = tl.cdiv(seq - first, num_splits)
+    lo = first + sp * split_len
+    hi = tl.minimum(lo + split_len, seq)
+
+    tok = tl.load(Tok + b)
+    o, lse = _attend_keys(
+        Q, K, V, KvIndices, tok, kv_start, lo, hi, kh, scale,
+        stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+        GROUP, HEAD_DIM, BLOCK_H, BLOCK_N, BLOCK_D, INTERP, PRECISION,
+    )
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g, mask_d = offs_g < GROUP, offs_d < HEAD_DIM
+    heads = kh * GROUP + offs_g
     base = b * stride_mb + heads * stride_mh + sp * stride_ms
-    tl.store(MidO + base[:, None] + offs_d[None, :], acc / l_safe[:, None], mask=mask_g[:, None] & mask_d[None, :])
+    tl.store(MidO + base[:, None] + offs_d[None, :], o, mask=mask_g[:, None] & mask_d[None, :])
     tl.store(MidLse + b * stride_lb + heads * stride_lh + sp, lse, mask=mask_g)
 
 

@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from .ragged import RaggedLayout
-from .triton_utils import INTERPRETED, cast, dot, dot_precision
+from .triton_attention import _attend_keys
+from .triton_utils import INTERPRETED, cast, dot_precision
 
 # bytes of float32 split partials one launch may use: a long step runs in several launches
 SCRATCH_BYTES = 128 << 20
@@ -46,38 +47,17 @@ def _split_kernel(
     lo = first + sp * SPLIT
     hi = tl.minimum(lo + SPLIT, seq)  # NOTE: lo >= seq: a split past this query's keys, never merged
 
+    o, lse = _attend_keys(
+        Q, K, V, KvIndices, t, kv_start, lo, hi, kh, scale,
+        stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+        GROUP, HEAD_DIM, BLOCK_H, BLOCK_N, BLOCK_D, INTERP, PRECISION,
+    )
     offs_g = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mask_g, mask_d = offs_g < GROUP, offs_d < HEAD_DIM
     heads = kh * GROUP + offs_g
-    q = tl.load(
-        Q + t * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=mask_g[:, None] & mask_d[None, :], other=0.0,
-    )
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        slots = tl.load(KvIndices + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + slots[:, None] * stride_ks + kh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = dot(q, tl.trans(k), INTERP, PRECISION) * scale
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + slots[:, None] * stride_vs + kh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + dot(cast(p, v.dtype, INTERP), v, INTERP, PRECISION)
-        m_i = m_new
-
-    has = l_i > 0
-    l_safe = tl.where(has, l_i, 1.0)
-    lse = tl.where(has, m_i + tl.log(l_safe), float("-inf"))
     base = i * stride_mb + heads * stride_mh + sp * stride_ms
-    tl.store(MidO + base[:, None] + offs_d[None, :], acc / l_safe[:, None], mask=mask_g[:, None] & mask_d[None, :])
+    tl.store(MidO + base[:, None] + offs_d[None, :], o, mask=mask_g[:, None] & mask_d[None, :])
     tl.store(MidLse + i * stride_lb + heads * stride_lh + sp, lse, mask=mask_g)
 
 
