@@ -68,6 +68,21 @@ def _attend_keys(
 
 
 @triton.jit
+def _store_split(
+    MidO, MidLse, o, lse, row, sp, kh, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Write one split's partial output and log-sum-exp (``_attend_keys``) at ``row``."""
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g, mask_d = offs_g < GROUP, offs_d < HEAD_DIM
+    heads = kh * GROUP + offs_g
+    base = row * stride_mb + heads * stride_mh + sp * stride_ms
+    tl.store(MidO + base[:, None] + offs_d[None, :], o, mask=mask_g[:, None] & mask_d[None, :])
+    tl.store(MidLse + row * stride_lb + heads * stride_lh + sp, lse, mask=mask_g)
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K, V, Tok, KvIndptr, KvIndices, MidO, MidLse,
     scale, num_splits, window,
@@ -91,13 +106,8 @@ def _decode_split_kernel(
         stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
         GROUP, HEAD_DIM, BLOCK_H, BLOCK_N, BLOCK_D, INTERP, PRECISION,
     )
-    offs_g = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_g, mask_d = offs_g < GROUP, offs_d < HEAD_DIM
-    heads = kh * GROUP + offs_g
-    base = b * stride_mb + heads * stride_mh + sp * stride_ms
-    tl.store(MidO + base[:, None] + offs_d[None, :], o, mask=mask_g[:, None] & mask_d[None, :])
-    tl.store(MidLse + b * stride_lb + heads * stride_lh + sp, lse, mask=mask_g)
+    _store_split(MidO, MidLse, o, lse, b, sp, kh, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+                 GROUP, HEAD_DIM, BLOCK_H, BLOCK_D)
 
 
 @triton.jit

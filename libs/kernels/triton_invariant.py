@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .ragged import RaggedLayout
-from .triton_attention import _attend_keys
+from .triton_attention import _attend_keys, _store_split
 from .triton_utils import INTERPRETED, cast, dot_precision
 
 # bytes of float32 split partials one launch may use: a long step runs in several launches
@@ -52,13 +52,8 @@ def _split_kernel(
         stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
         GROUP, HEAD_DIM, BLOCK_H, BLOCK_N, BLOCK_D, INTERP, PRECISION,
     )
-    offs_g = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_g, mask_d = offs_g < GROUP, offs_d < HEAD_DIM
-    heads = kh * GROUP + offs_g
-    base = i * stride_mb + heads * stride_mh + sp * stride_ms
-    tl.store(MidO + base[:, None] + offs_d[None, :], o, mask=mask_g[:, None] & mask_d[None, :])
-    tl.store(MidLse + i * stride_lb + heads * stride_lh + sp, lse, mask=mask_g)
+    _store_split(MidO, MidLse, o, lse, i, sp, kh, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+                 GROUP, HEAD_DIM, BLOCK_H, BLOCK_D)
 
 
 @triton.jit
