@@ -175,9 +175,11 @@ async def test_a_flushed_document_comes_back_from_the_store_the_command_started(
     text = " ".join(f"Clause {k} on tides: the keeper writes it down before dusk." for k in range(40))
     body = {"text": text + "\nSum it up.", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     async with httpx.AsyncClient(base_url=up.url, timeout=120) as client:
+        # NOTE: the stack is the module's: earlier tests' puts count in the gauge too
+        before = await puts_so_far(client)
         cold = (await client.post("/generate", json=body)).json()
         prompt = cold["meta_info"]["prompt_tokens"]
-        await store_puts(client, prompt // 16 * 16)
+        await store_puts(client, before + prompt // 16 * 16)
         assert (await client.post("/flush_cache")).status_code == 200
         warm = (await client.post("/generate", json=body)).json()
     assert warm["output_ids"] == cold["output_ids"]
@@ -186,14 +188,19 @@ async def test_a_flushed_document_comes_back_from_the_store_the_command_started(
     assert details["store"] >= 0.9 * prompt, (details, prompt)
 
 
-async def store_puts(client: httpx.AsyncClient, tokens: int, limit: float = 60) -> None:
-    """Until the workers have put ``tokens`` into the store (the gateway's /metrics; the
-    uploads run in the background, and the gauge follows the workers' stats)."""
+async def puts_so_far(client: httpx.AsyncClient) -> float:
+    """Tokens the workers have put into the store (the gateway's /metrics)."""
+    text = (await client.get("/metrics")).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "radixmesh:store_tokens" and s.labels.get("direction") == "put")
+
+
+async def store_puts(client: httpx.AsyncClient, tokens: float, limit: float = 60) -> None:
+    """Until the workers have put ``tokens`` into the store in all (the uploads run in the
+    background, and the gauge follows the workers' stats)."""
     deadline = time.monotonic() + limit
     while True:
-        text = (await client.get("/metrics")).text
-        put = sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                  if s.name == "radixmesh:store_tokens" and s.labels.get("direction") == "put")
+        put = await puts_so_far(client)
         if put >= tokens:
             return
         assert time.monotonic() < deadline, f"{put} of {tokens} tokens put"
