@@ -8,6 +8,8 @@ import httpx
 import pytest
 import torch
 
+from radixmesh.benchmarks import quality_prompts
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MAX_NEW = 20
@@ -19,14 +21,7 @@ CHAT = [
     "How do I boil an egg?",
     "Explain what a CPU does in one sentence.",
 ]
-PLAIN = [
-    "The quick brown fox",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village,",
-    "1, 2, 3, 4, 5,",
-    "The three primary colors are",
-    "Paris is the capital of",
-]
+PLAIN = quality_prompts.PLAIN[:6]
 
 
 def prompt_ids(tok) -> list[list[int]]:

@@ -19,7 +19,7 @@ import pytest
 
 from libs.kernels import gemm
 
-from .up_process import Chat, Up, chat
+from .up_process import Chat, chat, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(not gemm.f32_available(), reason="--deterministic runs on the C++ linear "
@@ -34,12 +34,7 @@ TOKENS = 48
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory):
-    running = Up(tmp_path_factory.mktemp("up"), ARGS)
-    try:
-        running.wait_serving(workers=2)
-        yield running
-    finally:
-        running.stop()
+    yield from serving(tmp_path_factory.mktemp("up"), ARGS, workers=2)
 
 
 async def test_a_killed_workers_bf16_streams_resume_identical(up):

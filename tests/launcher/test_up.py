@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.gateway.sse import parse_sse
 
 from ..transfer.mooncake import mooncake_missing
-from .up_process import MODEL, REPO, Chat, Up, chat, gone, health_until
+from .up_process import MODEL, REPO, Chat, chat, gone, health_until, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,12 +48,7 @@ ARGS = ["--workers", "2", "--threads", "1", "--dtype", "float32", "--kv-slots", 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory):
-    running = Up(tmp_path_factory.mktemp("up"), ARGS)
-    try:
-        running.wait_serving(workers=2)
-        yield running
-    finally:
-        running.stop()
+    yield from serving(tmp_path_factory.mktemp("up"), ARGS, workers=2)
 
 
 async def served_by(client: httpx.AsyncClient, limit: float, want: str | None = None) -> str:

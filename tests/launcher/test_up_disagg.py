@@ -21,7 +21,7 @@ import time
 import httpx
 import pytest
 
-from .up_process import MODEL, Chat, Up, chat, gone, health_until
+from .up_process import MODEL, Chat, Up, chat, gone, health_until, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,12 +39,7 @@ def document(topic: str, sentences: int = 24) -> str:
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory):
-    running = Up(tmp_path_factory.mktemp("up_pd"), ARGS)
-    try:
-        running.wait_serving(workers=2)
-        yield running
-    finally:
-        running.stop()
+    yield from serving(tmp_path_factory.mktemp("up_pd"), ARGS, workers=2)
 
 
 def workers(up: Up) -> dict[str, tuple[str, int]]:

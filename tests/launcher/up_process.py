@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
@@ -21,6 +22,17 @@ from radixmesh.natsd import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "SmolLM2-135M-Instruct"
+
+
+def serving(tmp: Path, args: list[str], workers: int) -> Iterator["Up"]:
+    """A module fixture's body: `radixmesh up ARGS` serving with ``workers`` workers, stopped
+    after the module however it ends."""
+    running = Up(tmp, args)
+    try:
+        running.wait_serving(workers=workers)
+        yield running
+    finally:
+        running.stop()
 
 
 class Up:
