@@ -53,6 +53,8 @@ class NatsCluster:
             for node in self.nodes:
                 node.start()
             self.wait_routed(timeout)
+            if any(n.jetstream_dir is not None for n in self.nodes):
+                self.wait_jetstream(timeout)
         except BaseException:
             self.stop()
             raise
@@ -67,6 +69,20 @@ class NatsCluster:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"NATS cluster routes not formed within {timeout}s")
+            time.sleep(0.1)
+
+    def wait_jetstream(self, timeout: float = 10.0) -> None:
+        """Until JetStream's meta group has a leader that counts every running node current.
+
+        NOTE: a stream asked for before then may be refused its replicas ("no suitable peers
+        for placement") and keep one copy, which a lost node then takes with it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            live = [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+            if len(live) <= 1 or any(_meta_current(n) >= len(live) for n in live):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"NATS cluster's JetStream not ready within {timeout}s")
             time.sleep(0.1)
 
     def stop(self) -> None:
@@ -88,3 +104,17 @@ def _routes(node: NatsServer) -> int:
     except (OSError, ValueError):
         return 0
     return len({r.get("remote_name") or r.get("remote_id") for r in routez.get("routes") or ()})
+
+
+def _meta_current(node: NatsServer) -> int:
+    """How many nodes JetStream's meta group counts current, asked of ``node``; 0 unless it
+    is the meta leader (only the leader's view of its followers is authoritative)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.monitor_port}/jsz", timeout=1) as resp:
+            meta = json.load(resp).get("meta_cluster") or {}
+    except (OSError, ValueError):
+        return 0
+    if not meta.get("leader") or meta.get("leader") != node.server_name:
+        return 0
+    followers = [r for r in meta.get("replicas") or () if r.get("current") and not r.get("offline")]
+    return 1 + len(followers)

@@ -31,12 +31,17 @@ async def _connect(cluster: NatsCluster):
     return await nats.connect([n.url for n in cluster.nodes], reconnect_time_wait=0.2, max_reconnect_attempts=-1)
 
 
-async def _open_when_ready(nc, pool, bucket: str, **options) -> JetStreamStore:
-    """NOTE: a new cluster elects its JetStream meta leader in a second or two."""
+async def _open_when_ready(nc, pool, bucket: str, replicas: int = 3) -> JetStreamStore:
+    """The store once its stream has ``replicas`` copies. NOTE: a stream the cluster cannot
+    place yet keeps one copy, and the next open asks for the rest again."""
     deadline = time.monotonic() + 20
     while True:
         try:
-            return await JetStreamStore.open(nc, _spec(pool), bucket=bucket, max_bytes=16 << 20, **options)
+            store = await JetStreamStore.open(nc, _spec(pool), bucket=bucket, max_bytes=16 << 20,
+                                              replicas=replicas)
+            have = (await store.js.stream_info(store.stream)).config.num_replicas
+            assert have == replicas, f"the stream has {have} replicas, not {replicas}"
+            return store
         except Exception:
             if time.monotonic() > deadline:
                 raise
@@ -50,7 +55,7 @@ async def test_the_bucket_is_r3_and_an_r1_bucket_is_raised(cluster, pool):
         bucket = "t" + uuid.uuid4().hex[:8]
         store = await _open_when_ready(nc, pool, bucket, replicas=1)
         assert (await store.js.stream_info(store.stream)).config.num_replicas == 1
-        store = await _open_when_ready(nc, pool, bucket)
+        store = await JetStreamStore.open(nc, _spec(pool), bucket=bucket, max_bytes=16 << 20)
         assert (await store.js.stream_info(store.stream)).config.num_replicas == 3
     finally:
         await nc.close()
