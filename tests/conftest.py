@@ -5,10 +5,35 @@ from __future__ import annotations
 
 import os
 import uuid
+from contextlib import contextmanager
 
 import pytest
 
 from radixmesh.natsd import NatsServer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_process_on_one_thread():
+    """The stacks and servers tests start use the cores; the test process's own torch work
+    (references, small models) keeps to one thread, so its OpenMP threads never spin against
+    them. A fixture that runs where nothing else does may take more (``all_threads``)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@contextmanager
+def all_threads():
+    """Every core for the test process's torch work meanwhile: for references computed
+    before any stack starts (HF generate in fp32 is ~2x faster on two cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

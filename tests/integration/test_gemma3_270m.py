@@ -21,6 +21,8 @@ from libs.models import resolve_model
 from radixmesh.benchmarks.models import CHAT, PLAIN  # NOTE: the prompts its bf16 agreement is measured on
 from radixmesh.launcher import LocalStack, ephemeral_stack_config
 
+from ..conftest import all_threads
+
 # NOTE: HF's fp32 references alone took ~10 minutes on 2 cores shared with seven busy neighbours
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -55,10 +57,9 @@ def references(model_dir, tokenizer, chat_ids):
     """HF fp32 greedy outputs (stopped at the eos ids of its generation_config) of every prompt."""
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(1)  # NOTE: as test_hf_parity: two threads' barriers crawl on a shared machine
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     refs = []
-    with torch.no_grad():
+    with torch.no_grad(), all_threads():  # NOTE: before the stack starts (see ``stack``)
         for ids in chat_ids + [tokenizer(p).input_ids for p in PLAIN_PROMPTS]:
             out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False)
             refs.append(out[0, len(ids):].tolist())

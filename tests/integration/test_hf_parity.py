@@ -10,6 +10,8 @@ import torch
 
 from radixmesh.benchmarks import quality_prompts
 
+from ..conftest import all_threads
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MAX_NEW = 20
@@ -36,12 +38,12 @@ def prompt_ids(tok) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def references(hf_model, hf_tokenizer):
-    torch.set_num_threads(1)
     refs = []
-    for ids in prompt_ids(hf_tokenizer):
-        out = hf_model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
-                                pad_token_id=hf_tokenizer.eos_token_id)
-        refs.append(out[0, len(ids):].tolist())
+    with all_threads():  # NOTE: the tests ask for it before the stack, which then starts
+        for ids in prompt_ids(hf_tokenizer):
+            out = hf_model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
+                                    pad_token_id=hf_tokenizer.eos_token_id)
+            refs.append(out[0, len(ids):].tolist())
     return refs
 
 
@@ -60,7 +62,7 @@ async def generate(client: httpx.AsyncClient, ids: list[int]) -> dict:
     return resp.json()
 
 
-async def test_one_at_a_time_matches_hf(stack, references, hf_tokenizer):
+async def test_one_at_a_time_matches_hf(references, stack, hf_tokenizer):
     eos = {hf_tokenizer.eos_token_id}
     async with httpx.AsyncClient(base_url=stack.url, timeout=300) as client:
         for ids, ref in zip(prompt_ids(hf_tokenizer), references):
@@ -68,7 +70,7 @@ async def test_one_at_a_time_matches_hf(stack, references, hf_tokenizer):
             assert out["output_ids"] == trim_eos(ref, eos), hf_tokenizer.decode(ids)
 
 
-async def test_sixteen_at_once_match_hf(stack, references, hf_tokenizer):
+async def test_sixteen_at_once_match_hf(references, stack, hf_tokenizer):
     eos = {hf_tokenizer.eos_token_id}
     all_ids = prompt_ids(hf_tokenizer)
     cases = [(all_ids[i % len(all_ids)], references[i % len(all_ids)]) for i in range(16)]
