@@ -7,6 +7,9 @@ asyncio API for less: over 200-step decode runs on 2 cores the gateway, tokenize
 cache index and broker used 6-12% less CPU per step at batch 8 and 32 with it (none less at
 batch 1; PERFORMANCE-HISTORY.md, 2026-12-06, "the stack beside its runner").
 ``RADIXMESH_EVENT_LOOP=asyncio`` keeps the standard loop (e.g. to compare, or to debug).
+``RADIXMESH_PROFILE_DIR=DIR`` runs the process under cProfile and writes
+``DIR/<process name>-<pid>.prof`` when it exits (``python -m pstats`` reads it); its clock is
+the thread's CPU time, so a call preempted inside a syscall is not counted busy.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
 ENV = "RADIXMESH_EVENT_LOOP"
+PROFILE_ENV = "RADIXMESH_PROFILE_DIR"
 CHOICES = ("auto", "uvloop", "asyncio")  # auto: uvloop if it imports
 
 
@@ -38,5 +42,20 @@ def loop_factory(choice: str | None = None) -> Callable[[], asyncio.AbstractEven
 
 def run(main: Awaitable[T], choice: str | None = None) -> T:
     """``asyncio.run(main)`` on the loop :func:`loop_factory` picks."""
-    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
-        return runner.run(main)
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if not profile_dir:
+        with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+            return runner.run(main)
+    import cProfile
+    import sys
+    import time
+    from pathlib import Path
+
+    profiler = cProfile.Profile(time.thread_time)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+            return profiler.runcall(runner.run, main)
+    finally:
+        name = Path(sys.argv[0]).parent.name if sys.argv[0].endswith("__main__.py") else Path(sys.argv[0]).stem
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
+        profiler.dump_stats(Path(profile_dir) / f"{name}-{os.getpid()}.prof")

@@ -73,14 +73,11 @@ class _Loop:
         raw = codec.encode(ForwardResult(step=batch.step, next_token_ids=ids, forward_ms=0.0))
         result = self._timed("codec", codec.decode, raw, ForwardResult)
         self._timed("apply", self.core.complete, result)
-        self._timed("codec", self._publish, self.core.take_deltas())
+        self._timed("codec", self._publish, self.core.take_delta_batches())
 
-    def _publish(self, deltas: list) -> list[bytes]:
-        groups: dict[str, list] = defaultdict(list)
-        for instance, delta in deltas:
-            groups[instance].append(delta)
+    def _publish(self, deltas: dict[str, list]) -> list[bytes]:
         return [codec.encode(DetokBatch(worker_id="bench", step=self.core.steps, items=items))
-                for items in groups.values()]
+                for items in deltas.values()]
 
     def step(self) -> None:
         """One steady step: plan the next, then apply the oldest in flight."""

@@ -6,7 +6,7 @@ The loop around it (driver.py) is::
     batch = core.next_batch()     # plan (planner.py), build (step.py), send
     ...                           # with overlap: the next one, before this result
     core.complete(result)         # the oldest step in flight gets its tokens
-    core.take_deltas(), core.take_events()
+    core.take_delta_batches(), core.take_events()
 
 Each step: running requests decode one token; prefills (new requests, resumed
 ones and unfinished chunks) fill the rest of the step's token budget, so a long
@@ -71,7 +71,7 @@ class SchedulerCore:
         self.batch_sizes: Counter[int] = Counter()
         self._by_rid: dict[str, Req] = {}
         self._early_aborts: OrderedDict[str, bool] = OrderedDict()
-        self._out: list[tuple[str, TokenDelta]] = []
+        self._out: dict[str, list[TokenDelta]] = {}  # detok instance -> its deltas, in order
         self.decode = DecodeBook(self)  # prompts a prefill worker computes for us
         self.prefill = PrefillBook(self)  # prompts we compute for decode workers
 
@@ -261,10 +261,21 @@ class SchedulerCore:
 
     # -- what goes out ------------------------------------------------------------
 
-    def take_deltas(self) -> list[tuple[str, TokenDelta]]:
-        """(detok instance, delta) pairs produced since the last call."""
-        out, self._out = self._out, []
+    def take_delta_batches(self) -> dict[str, list[TokenDelta]]:
+        """The deltas produced since the last call, per detok instance, in order (a
+        DetokBatch each: grouped as they are made, not in a pass over them per step)."""
+        out, self._out = self._out, {}
         return out
+
+    def take_deltas(self) -> list[tuple[str, TokenDelta]]:
+        """:meth:`take_delta_batches` as (detok instance, delta) pairs."""
+        return [(instance, d) for instance, items in self.take_delta_batches().items() for d in items]
+
+    def _emit(self, instance: str, delta: TokenDelta) -> None:
+        out = self._out.get(instance)
+        if out is None:
+            out = self._out[instance] = []
+        out.append(delta)
 
     def take_events(self) -> KVEventBatch | None:
         return self.events.take()
@@ -319,10 +330,10 @@ class SchedulerCore:
         if lp is not None:
             req.lp_pending = None
         # NOTE: cached_tokens on every delta: a stop string may end the stream before our finish
-        self._out.append((req.detok_instance, TokenDelta(
+        self._emit(req.detok_instance, TokenDelta(
             rid=req.rid, pos=sent, token_ids=[token] if n - sent == 1 else out[sent:],
             cached_tokens=req.cached_tokens, cached_host_tokens=req.cached_host_tokens,
-            cached_store_tokens=req.cached_store_tokens, logprobs=lp)))
+            cached_store_tokens=req.cached_store_tokens, logprobs=lp))
 
     @staticmethod
     def _unsent(req: Req) -> list[int]:
@@ -362,9 +373,9 @@ class SchedulerCore:
                 self.prefill.failed.append((req, req.error or ErrorInfo(
                     code=f"prefill_{reason}", message=f"the prefill ended: {reason}", status=503)))
             return
-        self._out.append((req.detok_instance, TokenDelta(
+        self._emit(req.detok_instance, TokenDelta(
             rid=req.rid, pos=req.sent, token_ids=self._unsent(req), finish_reason=reason, error=req.error,
             prompt_tokens=req.prompt_len, completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens, logprobs=pop_logprobs(req),
             cached_host_tokens=req.cached_host_tokens, cached_store_tokens=req.cached_store_tokens,
-        )))
+        ))

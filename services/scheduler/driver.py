@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
 
 from opentelemetry import context as otel_context
 
@@ -184,15 +183,12 @@ class StepDriver:
             await self.bus.publish(self.subjects.index_events(self.worker_id), events)
         if self.on_flush is not None:
             self.on_flush()
-        deltas = self.core.take_deltas()
+        deltas = self.core.take_delta_batches()
         if not deltas:
             return
         self.tracer.finished(deltas)
-        groups: dict[str, list] = defaultdict(list)
-        for instance, delta in deltas:
-            groups[instance].append(delta)
         step = self.core.steps
-        for instance, items in groups.items():
+        for instance, items in deltas.items():
             await self.bus.publish(
                 self.subjects.tokenizer_detok(instance),
                 DetokBatch(worker_id=self.worker_id, step=step, items=items),

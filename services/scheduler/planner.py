@@ -180,10 +180,8 @@ class Planner:
 
     def _allocate(self, step: Step, total: int) -> None:
         step.slots = self.cache.alloc(total)
-        if step.decode_only:  # NOTE: one slot each, the same order
+        if step.decode_only:  # NOTE: one slot each, the same order: the step hands them out as it is built
             step.slot_ids = step.slots.tolist()
-            for item, slot in zip(step.items, step.slot_ids):
-                item.req.kv.decoded.append(slot)
             return
         start = 0
         for item in step.items:

@@ -30,7 +30,7 @@ import numpy as np
 from libs.protocol.messages import ErrorInfo, Logprobs, SamplingParams
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class KVHold:
     """What a running request holds of the KV pool; only the cache (cache.py) changes it."""
 
@@ -95,7 +95,7 @@ class Transfer:
         return min(due, self.sent_at + self.max_wait_s) if self.max_wait_s else due
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Req:
     rid: str
     input_ids: list[int]

@@ -83,10 +83,14 @@ class Step:
     def _decode_batch(self, number: int) -> ForwardBatch:
         """``to_batch`` of a decode-only step (most steps): one token per request, each
         request's last sampled token (-1: the step in flight samples it) as its input.
-        NOTE: one short pass per request: this runs every step for the whole batch."""
+        NOTE: one short pass per request, and the only one before the result: it hands each
+        request its slot and counts the step as launched for it (``launch``), since this runs
+        every step for the whole batch."""
         rows, prefix, ids, new_rows = [], [], [], []
-        for item in self.items:
+        slots = self.slots.tolist() if self.slot_ids is None else self.slot_ids  # NOTE: None: no item
+        for item, slot in zip(self.items, slots):
             req = item.req
+            req.kv.decoded.append(slot)
             k = item.prefix_len = req.kv_len
             rows.append(req.row)
             prefix.append(k)
@@ -97,9 +101,12 @@ class Step:
             if req.new_row:
                 req.new_row = False
                 new_rows.append(new_row(req))
+            # NOTE: launched (see launch): a decode writes one position and always samples
+            req.kv_len = k + 1
+            req.ahead += 1
+            item.samples = True
         batch = ForwardBatch(step=number, new_rows=new_rows, rows=rows, prefix_lens=prefix,
-                             extend_lens=[1] * len(rows), input_ids=ids,
-                             out_slots=self.slots.tolist() if self.slot_ids is None else self.slot_ids)
+                             extend_lens=[1] * len(rows), input_ids=ids, out_slots=slots)
         if self.logprobs and any(item.lp_count for item in self.items):
             windows = [item.lp_window for item in self.items]
             batch.logprob_from, batch.logprob_count, batch.logprob_next = map(list, zip(*windows))
@@ -109,14 +116,8 @@ class Step:
     def launch(self) -> None:
         """The step is sent: its KV positions count as written (later steps run
         after it), its sampled tokens as ``ahead``, its logprobs as reported."""
-        if self.decode_only and not self.logprobs:
-            # NOTE: a decode (kv_len == fill_len - 1 + ahead) always samples: no
-            # logprobs to place, one position written, one token ahead
-            for item in self.items:
-                req = item.req
-                req.kv_len += 1
-                req.ahead += 1
-                item.samples = True
+        launched = self.decode_only  # NOTE: _decode_batch counted its positions and samples
+        if launched and not self.logprobs:
             return
         for item in self.items:
             req = item.req
@@ -125,6 +126,8 @@ class Step:
             if take:
                 item.lp_first = max(req.lp_next, 1)
                 req.lp_next = item.lp_first + item.lp_count
+            if launched:
+                continue
             req.kv_len += item.tokens
             item.samples = req.kv_len >= req.fill_len + req.ahead
             req.ahead += item.samples

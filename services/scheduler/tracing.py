@@ -173,13 +173,14 @@ class StepTracer:
                 self.unsettled.discard(req.rid)
                 t.finish(req.finish_reason, len(req.output_ids), req.cached_tokens, req.error)
 
-    def finished(self, deltas: list[tuple[str, TokenDelta]]) -> None:
+    def finished(self, deltas: dict[str, list[TokenDelta]]) -> None:
         """Requests that ended outside a step (abort, failure): from their last delta."""
         if not self.traces:
             return
-        for _, d in deltas:
-            if d.finish_reason is not None:
-                self.ended(d.rid, d.finish_reason, d.completion_tokens, d.cached_tokens, d.error)
+        for items in deltas.values():
+            for d in items:
+                if d.finish_reason is not None:
+                    self.ended(d.rid, d.finish_reason, d.completion_tokens, d.cached_tokens, d.error)
 
     def ended(self, rid: str, reason: str, completion_tokens: int = 0, cached_tokens: int = 0,
               error=None) -> None:

@@ -44,7 +44,7 @@ def run(core: SchedulerCore, tracer: StepTracer) -> list:
         core.complete(ForwardResult(step=batch.step, next_token_ids=[5] * len(plan.items),
                                        forward_ms=0))
         tracer.step_done(plan)
-        tracer.finished(core.take_deltas())
+        tracer.finished(core.take_delta_batches())
     return contexts
 
 
@@ -114,7 +114,7 @@ def test_abort_while_queued_ends_the_spans(exporter):
     batch = core.next_batch()
     tracer.step_started(core.last_step)
     core.abort("r1")  # still queued behind r0
-    tracer.finished(core.take_deltas())
+    tracer.finished(core.take_delta_batches())
     (root,) = [s for s in exporter.get_finished_spans() if s.name == "scheduler.request"]
     assert root.attributes["radixmesh.rid"] == "r1"
     assert root.attributes["radixmesh.finish_reason"] == "abort"
