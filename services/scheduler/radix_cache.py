@@ -44,6 +44,9 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self.pinned: Counter[int] = Counter()  # lower-tier pages kept for a queued request (hashes)
+        # eviction candidates: the device leaves of the last scan, a heap by priority (LRU only)
+        self._candidates: list | None = None
+        self._scanned_at = 0.0
 
     # -- queries ------------------------------------------------------------
 
@@ -153,12 +156,15 @@ class RadixCache:
         """Take unlocked device leaves (least valuable first) off the device until
         ``num_tokens`` slots are freed or nothing evictable is left: demoted to the
         lower tier where it takes them, else dropped. Returns the freed device slots."""
-        heap = [(self._priority(n), id(n), n) for n in self._device_leaves() if n.lock_ref == 0]
-        heapq.heapify(heap)
+        if self._candidates is None or self.policy != "lru":
+            self._scan()
+        held: list = []
         freed: list[np.ndarray] = []
         count = 0
-        while heap and count < num_tokens:
-            _, _, leaf = heapq.heappop(heap)
+        while count < num_tokens:
+            leaf = self._victim(held)
+            if leaf is None:
+                break
             freed.append(leaf.value)
             count += len(leaf.value)
             self._evictable -= len(leaf.key)
@@ -171,9 +177,54 @@ class RadixCache:
             else:
                 leaf.value = None
                 self.on_event("removed", leaf.namespace, leaf.hashes)
-            if self._is_device_leaf(parent) and parent.lock_ref == 0:
-                heapq.heappush(heap, (self._priority(parent), id(parent), parent))
+            if self._is_device_leaf(parent):
+                heapq.heappush(self._candidates, (self._priority(parent), id(parent), parent))
+        for entry in held:  # NOTE: locked now, evictable once unlocked: they stay candidates
+            heapq.heappush(self._candidates, entry)
         return np.concatenate(freed) if freed else EMPTY
+
+    def _scan(self) -> None:
+        """Every device leaf as a candidate (locked ones too: unlocked later, they are due)."""
+        self._scanned_at = time.monotonic()
+        self._candidates = [(self._priority(n), id(n), n) for n in self._device_leaves()]
+        heapq.heapify(self._candidates)
+
+    def _victim(self, held: list) -> TreeNode | None:
+        """The least valuable unlocked device leaf, or None. NOTE: a scan of the whole tree per
+        eviction cost a full cache O(tree) per step; one scan's candidates serve until those
+        older than it are used up (LRU: a node touched or made a leaf since is newer, or was
+        pushed when its last child went), each checked as it comes out."""
+        rescanned = False
+        while True:
+            heap = self._candidates
+            stale = self.policy == "lru" and heap and heap[0][0][0] >= self._scanned_at
+            if (not heap or stale) and not rescanned:
+                self._scan()
+                held.clear()  # NOTE: the scan has them again
+                rescanned = True
+                continue
+            if not heap:
+                return None
+            node = self._pop_valid(held)
+            if node is not None:
+                return node
+
+    def _pop_valid(self, held: list) -> TreeNode | None:
+        priority, _, node = entry = heapq.heappop(self._candidates)
+        if not self._in_tree(node) or not self._is_device_leaf(node):
+            return None  # NOTE: evicted, dropped or no longer a leaf: pushed again if it becomes one
+        if node.lock_ref:
+            held.append(entry)
+            return None
+        now = self._priority(node)
+        if now != priority:  # touched since: back in at its place
+            heapq.heappush(self._candidates, (now, id(node), node))
+            return None
+        return node
+
+    def _in_tree(self, node: TreeNode) -> bool:
+        parent = node.parent
+        return parent is not None and parent.children.get(self._page(node.key, 0)) is node
 
     def evict_lower(self, num_tokens: int) -> int:
         """Drop lower-tier-only leaves (least valuable first) until ``num_tokens`` of
@@ -216,6 +267,7 @@ class RadixCache:
         self._free_lower(nodes)
         slots = [n.value for n in nodes if n.on_device]
         self._roots.clear()
+        self._candidates = None
         self._evictable = 0
         self.on_event("cleared", "", [])
         return np.concatenate(slots) if slots else EMPTY

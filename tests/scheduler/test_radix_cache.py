@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import heapq
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -77,6 +80,23 @@ def test_eviction_is_lru_and_frees_what_it_reports():
     assert sorted(freed.tolist()) == [0, 1, 4, 5] and tree.size_info().total == 0
 
 
+def test_evictions_after_a_scan_follow_later_touches_inserts_and_unlocks():
+    """One scan's candidates serve several evictions: a leaf touched since goes later, one
+    inserted since goes in its turn, a leaf locked at the scan goes once unlocked."""
+    tree = RadixCache()
+    for first in (1, 2, 3, 4):
+        tree.insert("", [first, first], np.array([2 * first, 2 * first + 1]))
+    locked = tree.match_prefix("", [4, 4]).node
+    tree.lock(locked)
+    assert tree.evict(0).tolist() == []  # the scan
+    tree.insert("", [5, 5], np.array([10, 11]))  # newer than every candidate
+    tree.match_prefix("", [1, 1])  # newest now
+    assert [tree.evict(1).tolist() for _ in range(3)] == [[4, 5], [6, 7], [10, 11]]
+    tree.unlock(locked)  # least recent of those left
+    assert [tree.evict(1).tolist() for _ in range(2)] == [[8, 9], [2, 3]]
+    assert tree.evict(1).tolist() == [] and tree.size_info().total == 0
+
+
 def test_lfu_keeps_the_frequently_hit():
     tree = RadixCache(policy="lfu")
     tree.insert("", [1], np.array([0]))
@@ -122,6 +142,24 @@ def test_reset_refused_while_locked():
 
 
 # -- property test against a naive model ------------------------------------------
+
+
+def full_scan_evict(tree: RadixCache, num_tokens: int) -> list[int]:
+    """What ``evict`` frees, found the simple way: every unlocked device leaf of the whole tree
+    in a heap, least recently used first, a parent joining when its last device child goes."""
+    heap = [(tree._priority(n), id(n), n) for n in tree.nodes()
+            if n.on_device and n.lock_ref == 0 and not any(c.on_device for c in n.children.values())]
+    heapq.heapify(heap)
+    freed: list[int] = []
+    while heap and len(freed) < num_tokens:
+        _, _, leaf = heapq.heappop(heap)
+        freed += leaf.value.tolist()
+        parent = leaf.parent
+        del parent.children[tree._page(leaf.key, 0)]
+        if (not parent.is_root and parent.on_device and parent.lock_ref == 0
+                and not any(c.on_device for c in parent.children.values())):
+            heapq.heappush(heap, (tree._priority(parent), id(parent), parent))
+    return freed
 
 PAGE = 2
 ops = st.lists(
@@ -173,7 +211,9 @@ def test_random_operations_keep_invariants(operations):
             tree.unlock(locks.pop(arg % len(locks)))
         elif op == "evict":
             before = tree.size_info()
+            expected = full_scan_evict(copy.deepcopy(tree), arg)
             freed = tree.evict(arg)
+            assert sorted(freed.tolist()) == sorted(expected)  # the same leaves as a scan of the tree
             assert len(set(freed.tolist())) == len(freed)
             assert tree.size_info().total == before.total - len(freed)
             assert len(freed) >= min(arg, before.evictable) or tree.size_info().evictable == 0
