@@ -190,6 +190,9 @@ class Bus:
             log.debug("close (%s) failed: %r", self.name, exc)
 
     async def publish(self, subject: str, msg: Base) -> None:
+        if not tracing.in_trace():  # NOTE: per-step traffic: no span, so no headers to make
+            await self.nc.publish(subject, codec.encode(msg))
+            return
         with tracing.producer_span(subject, "publish"):
             headers = tracing.inject_headers()
             await self.nc.publish(subject, codec.encode(msg), headers=headers or None)
@@ -197,7 +200,7 @@ class Bus:
     async def request(self, subject: str, msg: Base, reply_type: type[T], timeout: float = 5.0) -> T:
         """Send ``msg`` and decode the reply; raises ServiceError on any failure."""
         with tracing.producer_span(subject, "send"):
-            headers = tracing.inject_headers()
+            headers = tracing.inject_headers() if tracing.in_trace() else None
             if not self.nc.is_connected:  # NOTE: fail fast instead of waiting out the timeout
                 raise broker_unavailable(subject)
             if not await self._link.settled(min(timeout, self.RESUBSCRIBE_S)):

@@ -142,6 +142,13 @@ async def run_service(service: str, config: CommonConfig, body: Body) -> None:
         logging.getLogger(service).info("%s %s stopping", service, config.instance)
 
 
+# NOTE: a young collection every GC_THRESHOLDS[0] container allocations, not CPython's 700: a
+# decode step at batch 256 allocates thousands (deltas, lists, messages) that refcounting frees
+# anyway; at 700 the requests' long-lived objects are promoted, and then walked by full
+# collections, every few steps (the mesh benchmark: docs/benchmarks.md)
+GC_THRESHOLDS = (int(os.environ.get("RADIXMESH_GC_GEN0", "50000")), 10, 10)
+
+
 def freeze_startup_objects() -> None:
     """Move everything alive after start-up (modules, the model's Python objects, a
     tokenizer's tables) out of the cyclic collector's reach, as vLLM and SGLang do.
@@ -152,3 +159,4 @@ def freeze_startup_objects() -> None:
     what came after; garbage cycles among start-up objects are never freed (there are few)."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
